@@ -242,3 +242,31 @@ class SamplingParams:
     @property
     def greedy(self) -> bool:
         return self.temperature == 0
+
+
+EXECUTORS = ("auto", "reference", "eager", "graph", "persistent")
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    """How the engine batches and where KV lives.
+
+    ``max_num_batched_tokens`` is the per-step token budget: decodes (1 token each) are scheduled
+    first, then prompt chunks fill what is left (inline/chunked prefill). ``num_kv_blocks`` of
+    ``block_size`` tokens each make the paged KV pool. ``executor="auto"`` lets the backend pick
+    (the GPU's kernels when there is one, the NumPy reference on a CPU).
+    """
+
+    block_size: int = 16
+    num_kv_blocks: int = 512
+    max_num_seqs: int = 64
+    max_num_batched_tokens: int = 512
+    max_model_len: int | None = None  # None: the model's max_position_embeddings
+    executor: str = "auto"
+
+    def __post_init__(self):
+        for name in ("block_size", "num_kv_blocks", "max_num_seqs", "max_num_batched_tokens"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"EngineConfig.{name} must be >= 1, got {getattr(self, name)}")
+        if self.executor not in EXECUTORS:
+            raise ValueError(f"unknown executor {self.executor!r}; choose from {', '.join(EXECUTORS)}")

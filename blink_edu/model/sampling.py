@@ -1,16 +1,24 @@
 """Sampling the next token: greedy, temperature, top-k, top-p — with a counter-based RNG.
 
-The reference that the GPU sampling kernel must reproduce token for token (issue: kernels).
+The reference that the GPU sampling kernel reproduces token for token.
 
-Reproducibility across backends needs randomness that is a pure *function* rather than a
-stateful generator: the ``n``-th token of a request with seed ``s`` uses ``u = uniform(s, n)``, a
-hash of the two integers. Any backend, any batch composition, any order of requests gives the same
-``u`` — so a seed reproduces its tokens in NumPy, in the simulator and on the GPU. The hash is
-Chris Wellons' ``lowbias32`` on 32-bit unsigned integers, cheap on a GPU.
+**Randomness as a function.** Reproducibility across backends needs randomness that is a pure
+function rather than a stateful generator: the ``n``-th token of a request with seed ``s`` uses
+``u = uniform(s, n)``, a hash of the two integers. Any backend, any batch composition, any order of
+requests gives the same ``u`` — so a seed reproduces its tokens in NumPy, in the simulator and on
+the GPU. The hash is Chris Wellons' ``lowbias32`` on 32-bit unsigned integers, cheap on a GPU.
 
-The draw itself is an inverse CDF over the candidates sorted by probability (ties: lower id
-first): keep the ``top_k`` most likely, then the shortest prefix whose probability reaches
-``top_p``, renormalise, and take the first candidate whose cumulative probability exceeds ``u``.
+**Filters as thresholds** (no sort, so a GPU block can do it with reductions):
+
+1. ``p[i] = exp((logit[i] - max) / temperature)`` — unnormalised probabilities, ``max p = 1``.
+2. top-k keeps ``p[i] >= t_k``, where ``t_k`` is the k-th largest ``p`` (ties at the edge stay).
+3. top-p keeps ``p[i] >= t_p``, where ``t_p`` is the *largest* value whose kept mass
+   ``sum(p[j] >= t_p)`` reaches ``top_p`` of the mass left after top-k: the smallest nucleus.
+4. The draw walks the kept tokens in id order and returns the first whose running sum exceeds
+   ``u * kept_mass`` (an inverse CDF).
+
+A GPU finds ``t_k`` and ``t_p`` by bisection over the bit patterns of positive float32 numbers
+(which sort like integers), and the draw with a block-wide prefix sum.
 """
 
 from __future__ import annotations
@@ -39,20 +47,28 @@ def uniform(seed: int, counter: int) -> float:
     return (h >> 8) / float(1 << 24)
 
 
+def filtered_probs(logits: np.ndarray, params: SamplingParams) -> np.ndarray:
+    """Unnormalised probabilities (V,) float32 after temperature, top-k and top-p; 0 = dropped."""
+    logits = logits.astype(np.float32)
+    p = np.exp((logits - logits.max()) / np.float32(params.temperature))  # (V,) max is 1
+    if 0 < params.top_k < p.size:
+        t_k = np.partition(p, p.size - params.top_k)[p.size - params.top_k]
+        p = np.where(p >= t_k, p, np.float32(0))
+    if params.top_p < 1.0:
+        desc = np.sort(p[p > 0])[::-1]  # kept values, largest first
+        mass = np.cumsum(desc, dtype=np.float64)  # (kept,)
+        j = int(np.searchsorted(mass, params.top_p * mass[-1]))  # first prefix reaching top_p
+        t_p = desc[min(j, desc.size - 1)]
+        p = np.where(p >= t_p, p, np.float32(0))
+    return p
+
+
 def sample(logits: np.ndarray, params: SamplingParams, seed: int, counter: int) -> int:
     """Pick one token id from ``logits`` (V,) for the ``counter``-th generated token."""
     if params.greedy:
         return int(np.argmax(logits))  # first maximum = lowest id on ties
-    scaled = logits.astype(np.float64) / params.temperature  # (V,)
-    order = np.argsort(-scaled, kind="stable")  # (V,) most likely first, ties by id
-    if params.top_k > 0:
-        order = order[: params.top_k]
-    probs = np.exp(scaled[order] - scaled[order[0]])  # (C,) unnormalised, candidates only
-    probs /= probs.sum()
-    if params.top_p < 1.0:
-        cumulative = np.cumsum(probs)
-        keep = int(np.searchsorted(cumulative, params.top_p)) + 1  # shortest prefix >= top_p
-        order, probs = order[:keep], probs[:keep] / cumulative[keep - 1]
-    cdf = np.cumsum(probs)
-    pick = int(np.searchsorted(cdf, uniform(seed, counter) * cdf[-1], side="right"))
-    return int(order[min(pick, len(order) - 1)])
+    p = filtered_probs(logits, params)  # (V,)
+    running = np.cumsum(p, dtype=np.float64)  # (V,) inverse CDF in token-id order
+    target = uniform(seed, counter) * running[-1]
+    pick = int(np.searchsorted(running, target, side="right"))
+    return min(pick, int(np.flatnonzero(p)[-1]))

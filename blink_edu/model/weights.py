@@ -178,7 +178,11 @@ def load_tensors(folder: str | Path, config: ModelConfig, dtype=np.float32) -> d
 def load_weights(folder: str | Path, config: ModelConfig | None = None, dtype=np.float32) -> ModelWeights:
     """Load a Hugging Face Llama/Mistral/Qwen2 checkpoint folder into ``ModelWeights``."""
     config = config or ModelConfig.from_folder(folder)
-    t = load_tensors(folder, config, dtype)
+    return _assemble(config, load_tensors(folder, config, dtype))
+
+
+def _assemble(config: ModelConfig, t: dict[str, np.ndarray]) -> ModelWeights:
+    """Arrange named tensors into ``ModelWeights``."""
 
     def get(name: str):
         return t.get(name)
@@ -202,3 +206,15 @@ def load_weights(folder: str | Path, config: ModelConfig | None = None, dtype=np
     embed = t["model.embed_tokens.weight"]
     lm_head = embed if config.tie_word_embeddings else t["lm_head.weight"]
     return ModelWeights(config, embed, layers, t["model.norm.weight"], lm_head)
+
+
+def random_weights(config: ModelConfig, seed: int = 0, scale: float = 0.15,
+                   dtype=np.float32) -> ModelWeights:
+    """Random weights of the right shapes (for chapters, tests and benchmarks of a model shape
+    that has no checkpoint). Norm weights are near 1, everything else ~ N(0, scale^2)."""
+    rng = np.random.default_rng(seed)
+    tensors = {}
+    for name, shape in expected_shapes(config).items():
+        mean = 1.0 if name.endswith("norm.weight") else 0.0
+        tensors[name] = (mean + scale * rng.standard_normal(shape)).astype(dtype)
+    return _assemble(config, tensors)

@@ -1,0 +1,1 @@
+"""The engine: sequences, the scheduler, and the executors that run each step (eager, graph, persistent)."""

@@ -1,0 +1,32 @@
+"""The CPU executor: runs each step through the NumPy reference model (DESIGN.md §3).
+
+It is what ``generate`` and the server use on a machine without a GPU — the simulator would be far
+too slow for interactive use — and the oracle the kernel executors are compared with.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..kv.pool import allocate_kv_pool
+from ..model import reference
+from ..model.sampling import sample
+from ..model.weights import ModelWeights
+from .step import StepBatch
+
+
+class ReferenceExecutor:
+    name = "reference"
+
+    def __init__(self, weights: ModelWeights, num_blocks: int, block_size: int = 16):
+        self.weights = weights
+        self.block_size = block_size
+        self.kv_pool = allocate_kv_pool(weights.config, num_blocks, block_size,
+                                        dtype=weights.embed.dtype)  # (N, L, 2, B, K, E)
+
+    def step(self, batch: StepBatch) -> np.ndarray:
+        """Run the model over the flat batch; one sampled token per sequence, (S,) int32."""
+        logits = reference.forward(self.weights, self.kv_pool, batch.token_ids, batch.positions,
+                                   batch.seq_rows, batch.block_tables, batch.logit_rows)  # (S, V)
+        return np.array([sample(logits[s], batch.sampling_params(s), int(batch.seeds[s]),
+                                int(batch.counters[s])) for s in range(batch.num_seqs)], np.int32)
