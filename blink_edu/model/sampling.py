@@ -8,17 +8,18 @@ function rather than a stateful generator: the ``n``-th token of a request with 
 requests gives the same ``u`` — so a seed reproduces its tokens in NumPy, in the simulator and on
 the GPU. The hash is Chris Wellons' ``lowbias32`` on 32-bit unsigned integers, cheap on a GPU.
 
-**Filters as thresholds** (no sort, so a GPU block can do it with reductions):
+**Filters as thresholds** (no sort, so a GPU block can do it with reductions). On the scaled
+logits ``z[i] = (logit[i] - max) / temperature`` (float32, ``max z = 0``):
 
-1. ``p[i] = exp((logit[i] - max) / temperature)`` — unnormalised probabilities, ``max p = 1``.
-2. top-k keeps ``p[i] >= t_k``, where ``t_k`` is the k-th largest ``p`` (ties at the edge stay).
-3. top-p keeps ``p[i] >= t_p``, where ``t_p`` is the *largest* value whose kept mass
-   ``sum(p[j] >= t_p)`` reaches ``top_p`` of the mass left after top-k: the smallest nucleus.
-4. The draw walks the kept tokens in id order and returns the first whose running sum exceeds
-   ``u * kept_mass`` (an inverse CDF).
+1. top-k keeps ``z[i] >= t_k``, where ``t_k`` is the k-th largest ``z`` (ties at the edge stay).
+2. top-p keeps ``z[i] >= t_p``, where ``t_p`` is the *largest* value whose kept mass
+   ``sum(exp(z[j]) for z[j] >= t_p)`` reaches ``top_p`` of the mass left after top-k: the
+   smallest nucleus.
+3. The draw walks the kept tokens in id order and returns the first whose running sum of
+   ``exp(z)`` exceeds ``u * kept_mass`` (an inverse CDF).
 
-A GPU finds ``t_k`` and ``t_p`` by bisection over the bit patterns of positive float32 numbers
-(which sort like integers), and the draw with a block-wide prefix sum.
+A GPU finds ``t_k`` and ``t_p`` by bisection (each probe one block-wide count or sum), and the
+draw with a block-wide prefix sum.
 """
 
 from __future__ import annotations
@@ -50,17 +51,17 @@ def uniform(seed: int, counter: int) -> float:
 def filtered_probs(logits: np.ndarray, params: SamplingParams) -> np.ndarray:
     """Unnormalised probabilities (V,) float32 after temperature, top-k and top-p; 0 = dropped."""
     logits = logits.astype(np.float32)
-    p = np.exp((logits - logits.max()) / np.float32(params.temperature))  # (V,) max is 1
-    if 0 < params.top_k < p.size:
-        t_k = np.partition(p, p.size - params.top_k)[p.size - params.top_k]
-        p = np.where(p >= t_k, p, np.float32(0))
+    z = (logits - logits.max()) / np.float32(params.temperature)  # (V,) scaled logits, max 0
+    keep = np.ones(z.shape, dtype=bool)
+    if 0 < params.top_k < z.size:
+        t_k = np.partition(z, z.size - params.top_k)[z.size - params.top_k]  # k-th largest
+        keep &= z >= t_k
     if params.top_p < 1.0:
-        desc = np.sort(p[p > 0])[::-1]  # kept values, largest first
-        mass = np.cumsum(desc, dtype=np.float64)  # (kept,)
+        desc = np.sort(z[keep])[::-1]  # kept scaled logits, largest first
+        mass = np.cumsum(np.exp(desc), dtype=np.float64)  # (kept,)
         j = int(np.searchsorted(mass, params.top_p * mass[-1]))  # first prefix reaching top_p
-        t_p = desc[min(j, desc.size - 1)]
-        p = np.where(p >= t_p, p, np.float32(0))
-    return p
+        keep &= z >= desc[min(j, desc.size - 1)]
+    return np.where(keep, np.exp(z), np.float32(0))
 
 
 def sample(logits: np.ndarray, params: SamplingParams, seed: int, counter: int) -> int:

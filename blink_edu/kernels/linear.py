@@ -1,0 +1,184 @@
+"""Linear layers: ``out = [out +] rms_norm?(x) @ W.T + b`` — a GEMV path and a tiled path.
+
+The matrix multiplies are almost all of a decoder's work and, at small batch, almost all of its
+memory traffic: every decode step streams every weight once. Two ways to do it:
+
+* **GEMV** (``R <= GEMV_MAX_ROWS`` tokens, i.e. decode): a group of ``LANES`` threads owns one
+  output row ``o``; its threads stride along ``W[o, :]`` (consecutive threads read consecutive
+  addresses: coalesced), each keeping a partial dot product per token, then the group adds its
+  partials in shared memory. The weights are read exactly once per step.
+* **Tiled** (prefill): the block loads a ``TILE x TILE`` tile of inputs and one of weights into
+  shared memory and each thread accumulates several outputs from them, so every weight loaded
+  from memory serves ``TILE`` tokens instead of one.
+
+Two fusions save whole kernels and round trips through memory:
+
+* **RMSNorm in the prologue**: ``rms_norm(x) @ W.T = inv_rms(x) * ((x * g) @ W.T)``, so the norm
+  weight ``g`` is folded into the weights as they stream by and the per-token ``inv_rms`` scales
+  the result (pass an empty ``norm_w`` for no norm).
+* **Residual add in the epilogue**: with ``accumulate=1`` the result is added to ``out`` (which
+  holds the residual stream) instead of overwriting it.
+
+Accumulation is float32 whatever the weights' dtype (float32 or float16).
+"""
+
+from __future__ import annotations
+
+import math
+
+from numba import float32
+
+from ..backend import get_backend
+from .reduce import THREADS, block_sum, cuda
+
+GEMV_MAX_ROWS = 8  # decode batches up to this many tokens take the GEMV path
+# Threads per output row in the GEMV: a warp on a GPU; 4 in the simulator, where every barrier
+# of the partial-sum tree costs milliseconds (the tree code is the same, only shallower).
+LANES = 4 if get_backend().is_simulator else 32
+ROWS_PER_ITEM = THREADS // LANES  # output rows one block computes per GEMV work item
+TILE = 32  # tiled path: TILE tokens x TILE outputs per work item, TILE-wide k steps
+PER_THREAD = TILE * TILE // THREADS  # outputs each thread accumulates in the tiled path
+TY_STEP = THREADS // TILE
+
+
+@cuda.jit(device=True, inline=True)
+def inv_rms_of_row(x, row, eps, scratch):
+    """1 / sqrt(mean(x[row]^2) + eps), computed by the whole block. x (T, I)."""
+    n = x.shape[1]
+    partial = float32(0)
+    for i in range(cuda.threadIdx.x, n, THREADS):
+        v = x[row, i]
+        partial += v * v
+    return float32(1) / math.sqrt(block_sum(partial, scratch) / n + eps)
+
+
+@cuda.jit(device=True, inline=True)
+def gemv(x, x_rows, norm_w, eps, w, bias, out, accumulate, block, n_blocks):
+    """out[r, :] (+)= rms_norm?(x[x_rows[r]]) @ w.T + bias for r < R <= GEMV_MAX_ROWS."""
+    tid = cuda.threadIdx.x
+    lane = tid % LANES
+    group = tid // LANES
+    R = x_rows.shape[0]
+    O, I = w.shape
+    use_norm = norm_w.shape[0] > 0
+    inv = cuda.shared.array(GEMV_MAX_ROWS, float32)
+    partials = cuda.shared.array((GEMV_MAX_ROWS, THREADS), float32)
+    for r in range(R):  # per-token norm scale, once per block
+        scale = inv_rms_of_row(x, x_rows[r], eps, partials[0]) if use_norm else float32(1)
+        if tid == 0:
+            inv[r] = scale
+    cuda.syncthreads()
+    acc = cuda.local.array(GEMV_MAX_ROWS, float32)
+    for item in range(block, (O + ROWS_PER_ITEM - 1) // ROWS_PER_ITEM, n_blocks):
+        o = item * ROWS_PER_ITEM + group
+        for r in range(R):
+            acc[r] = 0
+        if o < O:
+            for i in range(lane, I, LANES):
+                wi = float32(w[o, i])
+                if use_norm:
+                    wi *= norm_w[i]
+                for r in range(R):
+                    acc[r] += wi * x[x_rows[r], i]
+        for r in range(R):
+            partials[r, tid] = acc[r]
+        cuda.syncthreads()
+        stride = LANES // 2
+        while stride > 0:  # tree-add the LANES partials of each row group
+            if lane < stride:
+                for r in range(R):
+                    partials[r, tid] += partials[r, tid + stride]
+            cuda.syncthreads()
+            stride //= 2
+        if lane == 0 and o < O:
+            for r in range(R):
+                y = partials[r, tid] * inv[r]
+                if bias.shape[0] > 0:
+                    y += bias[o]
+                if accumulate:
+                    y += out[r, o]
+                out[r, o] = y
+        cuda.syncthreads()
+
+
+@cuda.jit(device=True, inline=True)
+def tiled_matmul(x, x_rows, norm_w, eps, w, bias, out, accumulate, block, n_blocks):
+    """The same contract as ``gemv`` for any number of rows, through shared-memory tiles."""
+    tid = cuda.threadIdx.x
+    tx = tid % TILE  # this thread's output column within the tile
+    ty = tid // TILE  # and its first row; rows ty, ty + TY_STEP, ...
+    R = x_rows.shape[0]
+    O, I = w.shape
+    use_norm = norm_w.shape[0] > 0
+    xs = cuda.shared.array((TILE, TILE + 1), float32)  # +1 column: no bank conflicts
+    ws = cuda.shared.array((TILE, TILE + 1), float32)
+    inv = cuda.shared.array(TILE, float32)
+    acc = cuda.local.array(PER_THREAD, float32)
+    col_tiles = (O + TILE - 1) // TILE
+    n_items = ((R + TILE - 1) // TILE) * col_tiles
+    for item in range(block, n_items, n_blocks):
+        r0 = (item // col_tiles) * TILE
+        o0 = (item % col_tiles) * TILE
+        if tid < TILE:  # the tile's per-token norm scales, one thread per token
+            scale = float32(1)
+            if use_norm and r0 + tid < R:
+                row = x_rows[r0 + tid]
+                total = float32(0)
+                for i in range(I):
+                    total += x[row, i] * x[row, i]
+                scale = float32(1) / math.sqrt(total / I + eps)
+            inv[tid] = scale
+        for m in range(PER_THREAD):
+            acc[m] = 0
+        for k0 in range(0, I, TILE):
+            for e in range(tid, TILE * TILE, THREADS):  # stage both tiles in shared memory
+                a, k = e // TILE, e % TILE
+                xv = float32(0)
+                if r0 + a < R and k0 + k < I:
+                    xv = x[x_rows[r0 + a], k0 + k]
+                xs[a, k] = xv
+                wv = float32(0)
+                if o0 + a < O and k0 + k < I:
+                    wv = float32(w[o0 + a, k0 + k])
+                    if use_norm:
+                        wv *= norm_w[k0 + k]
+                ws[a, k] = wv
+            cuda.syncthreads()
+            for k in range(TILE):
+                wk = ws[tx, k]
+                for m in range(PER_THREAD):
+                    acc[m] += xs[ty + m * TY_STEP, k] * wk
+            cuda.syncthreads()
+        o = o0 + tx
+        for m in range(PER_THREAD):
+            r = r0 + ty + m * TY_STEP
+            if r < R and o < O:
+                y = acc[m] * inv[ty + m * TY_STEP]
+                if bias.shape[0] > 0:
+                    y += bias[o]
+                if accumulate:
+                    y += out[r, o]
+                out[r, o] = y
+        cuda.syncthreads()
+
+
+@cuda.jit(device=True)
+def linear(x, x_rows, norm_w, eps, w, bias, out, accumulate, block, n_blocks):
+    """out (R, O) (+)= rms_norm?(x[x_rows]) @ w.T + bias.
+    x (T, I) f32; x_rows (R,) i32; norm_w (I,) or (0,); w (O, I) f32/f16; bias (O,) or (0,)."""
+    if x_rows.shape[0] <= GEMV_MAX_ROWS:
+        gemv(x, x_rows, norm_w, eps, w, bias, out, accumulate, block, n_blocks)
+    else:
+        tiled_matmul(x, x_rows, norm_w, eps, w, bias, out, accumulate, block, n_blocks)
+
+
+@cuda.jit
+def linear_kernel(x, x_rows, norm_w, eps, w, bias, out, accumulate):
+    linear(x, x_rows, norm_w, eps, w, bias, out, accumulate, cuda.blockIdx.x, cuda.gridDim.x)
+
+
+def linear_work_items(num_rows: int, out_features: int) -> int:
+    """How many work items ``linear`` has (to size the grid)."""
+    if num_rows <= GEMV_MAX_ROWS:
+        return -(-out_features // ROWS_PER_ITEM)
+    return -(-num_rows // TILE) * -(-out_features // TILE)

@@ -1,0 +1,161 @@
+"""Every kernel against the NumPy reference, on fresh random inputs (simulator on CPU, real on GPU)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from blink_edu.config import ModelConfig, SamplingParams
+from blink_edu.kernels.attention import paged_attention_kernel
+from blink_edu.kernels.elementwise import embed_tokens_kernel, swiglu_kernel
+from blink_edu.kernels.linear import GEMV_MAX_ROWS, linear_kernel, linear_work_items
+from blink_edu.kernels.reduce import THREADS, cuda, grid_for
+from blink_edu.kernels.rope import rope_and_write_kv_kernel
+from blink_edu.kernels.sampling import sample_rows_kernel
+from blink_edu.model import reference as ref
+from blink_edu.model.sampling import sample, uniform
+
+
+def rel_err(a, b) -> float:
+    return float(np.linalg.norm(np.asarray(a, np.float64) - b) / np.linalg.norm(b))
+
+
+def dev(a):
+    return cuda.to_device(np.ascontiguousarray(a))
+
+
+def ragged_batch(rng, n_seqs, block_size, num_blocks, max_len):
+    """A flat batch: per sequence a context length and 1..3 new tokens at its end, with scattered
+    block tables. Returns positions (T,), seq_rows (T,), block_tables (S, W)."""
+    lengths = rng.integers(1, max_len, size=n_seqs)
+    width = -(-int(lengths.max()) // block_size)
+    blocks = rng.permutation(num_blocks)
+    tables = np.full((n_seqs, width), -1, np.int32)
+    used = 0
+    positions, rows = [], []
+    for s, n in enumerate(lengths):
+        nb = -(-int(n) // block_size)
+        tables[s, :nb] = blocks[used:used + nb]
+        used += nb
+        new = int(rng.integers(1, min(3, n) + 1))
+        positions += range(n - new, n)
+        rows += [s] * new
+    return np.array(positions, np.int32), np.array(rows, np.int32), tables
+
+
+@pytest.mark.parametrize("rows", [1, 3, GEMV_MAX_ROWS + 5])  # GEMV and tiled paths
+@pytest.mark.parametrize("wdtype,tol", [(np.float32, 1e-4), (np.float16, 1e-2)])
+@pytest.mark.parametrize("fused", ["plain", "norm+bias+residual"])
+def test_linear_matches_reference(rng, rows, wdtype, tol, fused):
+    T, I, O = rows + 2, int(rng.integers(20, 70)), int(rng.integers(10, 50))
+    x = rng.standard_normal((T, I)).astype(np.float32)
+    x_rows = rng.choice(T, rows, replace=False).astype(np.int32)
+    w = rng.standard_normal((O, I)).astype(wdtype)
+    fuse = fused != "plain"
+    g = (1 + 0.2 * rng.standard_normal(I)).astype(np.float32) if fuse else np.zeros(0, np.float32)
+    b = rng.standard_normal(O).astype(np.float32) if fuse else np.zeros(0, np.float32)
+    residual = rng.standard_normal((rows, O)).astype(np.float32)
+    h = ref.rms_norm(x[x_rows], g, 1e-5) if fuse else x[x_rows]
+    expected = ref.linear(h, w.astype(np.float32), b if fuse else None) + (residual if fuse else 0)
+    out = dev(residual)
+    linear_kernel[grid_for(linear_work_items(rows, O)), THREADS](
+        dev(x), dev(x_rows), dev(g), np.float32(1e-5), dev(w), dev(b), out, int(fuse))
+    assert rel_err(out.copy_to_host(), expected) < (1e-4 if wdtype == np.float32 else tol)
+
+
+@pytest.mark.parametrize("wdtype", [np.float32, np.float16])
+def test_embedding_gather(rng, wdtype):
+    embed = rng.standard_normal((50, 24)).astype(wdtype)
+    ids = rng.integers(0, 50, size=7).astype(np.int32)
+    x = dev(np.full((7, 24), np.nan, np.float32))  # poisoned: every element must be written
+    embed_tokens_kernel[grid_for(7), THREADS](dev(embed), dev(ids), x)
+    np.testing.assert_array_equal(x.copy_to_host(), embed[ids].astype(np.float32))
+
+
+def test_swiglu(rng):
+    F = 37
+    gate_up = (3 * rng.standard_normal((5, 2 * F))).astype(np.float32)
+    act = dev(np.full((5, F), np.nan, np.float32))
+    swiglu_kernel[grid_for(5), THREADS](dev(gate_up), act)
+    expected = ref.silu(gate_up[:, :F]) * gate_up[:, F:]
+    assert rel_err(act.copy_to_host(), expected) < 1e-6
+
+
+def tiny_config(rng, heads=4, kv_heads=2, head_dim=16) -> ModelConfig:
+    return ModelConfig.from_dict(dict(
+        model_type="llama", vocab_size=64, hidden_size=heads * head_dim, intermediate_size=32,
+        num_hidden_layers=2, num_attention_heads=heads, num_key_value_heads=kv_heads,
+        head_dim=head_dim, rope_theta=float(rng.choice([100.0, 10000.0]))))
+
+
+def test_rope_and_kv_write_match_reference(rng):
+    cfg = tiny_config(rng)
+    H, K, E, B, N = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, 4, 12
+    positions, seq_rows, tables = ragged_batch(rng, 3, B, N, 20)
+    T = len(positions)
+    qkv = rng.standard_normal((T, (H + 2 * K) * E)).astype(np.float32)
+    pool = rng.standard_normal((N, 2, 2, B, K, E)).astype(np.float32)
+    cos, sin = ref.rope_tables(cfg, np.arange(64))
+    layer = 1
+    q, k, v = np.split(qkv, [H * E, (H + K) * E], axis=1)
+    q_ref = ref.apply_rope(q.reshape(T, H, E), *ref.rope_tables(cfg, positions))
+    k_ref = ref.apply_rope(k.reshape(T, K, E), *ref.rope_tables(cfg, positions))
+    pool_ref = pool.copy()
+    ref.write_kv(pool_ref, layer, k_ref, v.reshape(T, K, E),
+                 tables[seq_rows, positions // B], positions % B)
+    qkv_d, pool_d = dev(qkv), dev(pool)
+    rope_and_write_kv_kernel[grid_for(T), THREADS](qkv_d, dev(positions), dev(seq_rows), dev(tables),
+                                                    dev(cos), dev(sin), pool_d, layer, H, K)
+    assert rel_err(qkv_d.copy_to_host()[:, :H * E].reshape(T, H, E), q_ref) < 1e-5
+    np.testing.assert_allclose(pool_d.copy_to_host(), pool_ref, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("kv_heads", [1, 2, 4])
+def test_paged_attention_over_a_ragged_batch(rng, kv_heads):
+    cfg = tiny_config(rng, heads=4, kv_heads=kv_heads)
+    H, K, E, B, N = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, 4, 40
+    max_len = 3 * THREADS // 2 + 5  # contexts longer than one chunk of THREADS positions
+    positions, seq_rows, tables = ragged_batch(rng, 3, B, N, min(max_len, N * B // 3))
+    T = len(positions)
+    q = rng.standard_normal((T, H, E)).astype(np.float32)
+    qkv = np.concatenate([q.reshape(T, -1), rng.standard_normal((T, 2 * K * E))], 1).astype(np.float32)
+    pool = rng.standard_normal((N, 2, 2, B, K, E)).astype(np.float32)
+    layer = int(rng.integers(2))
+    expected = ref.paged_attention(q, positions, seq_rows, pool, layer, tables).reshape(T, H * E)
+    out = dev(np.full((T, H * E), np.nan, np.float32))
+    paged_attention_kernel[grid_for(T * H), THREADS](dev(qkv), dev(positions), dev(seq_rows),
+                                                      dev(tables), dev(pool), layer, H, K, out)
+    assert rel_err(out.copy_to_host(), expected) < 1e-5
+    assert int(tables.max()) >= 8, "the batch should span many KV blocks"
+
+
+def test_uniform_is_bit_identical_to_the_reference(rng):
+    from blink_edu.kernels import sampling as ks
+
+    seeds = rng.integers(0, 2**32, size=6, dtype=np.uint64).astype(np.uint32)
+    counters = rng.integers(0, 10_000, size=6).astype(np.int32)
+    got = [ks.uniform(np.uint64(s), np.uint64(c)) for s, c in zip(seeds, counters)]
+    assert [float(g) for g in got] == [uniform(int(s), int(c)) for s, c in zip(seeds, counters)]
+
+
+@pytest.mark.parametrize("case", ["greedy", "temperature", "top_k", "top_p", "top_k+top_p"])
+def test_sampling_matches_reference(rng, case):
+    S, V = (3 if case == "greedy" else 2), 300  # every bisection probe is slow in the simulator
+    logits = (2 * rng.standard_normal((S, V))).astype(np.float32)
+    logits[0, rng.integers(V)] = logits[0].max()  # an exact tie for greedy to break
+    params = {
+        "greedy": SamplingParams(temperature=0),
+        "temperature": SamplingParams(temperature=0.7),
+        "top_k": SamplingParams(temperature=1.3, top_k=int(rng.integers(2, 40))),
+        "top_p": SamplingParams(temperature=0.9, top_p=float(rng.uniform(0.3, 0.95))),
+        "top_k+top_p": SamplingParams(temperature=1.1, top_k=20, top_p=0.6),
+    }[case]
+    seeds = rng.integers(0, 2**31, size=S).astype(np.uint32)
+    counters = rng.integers(0, 1000, size=S).astype(np.int32)
+    out = dev(np.full(S, -1, np.int32))
+    sample_rows_kernel[grid_for(S), THREADS](
+        dev(logits), dev(np.full(S, params.temperature, np.float32)),
+        dev(np.full(S, params.top_p, np.float32)), dev(np.full(S, params.top_k, np.int32)),
+        dev(seeds), dev(counters), out)
+    expected = [sample(logits[s], params, int(seeds[s]), int(counters[s])) for s in range(S)]
+    assert out.copy_to_host().tolist() == expected
