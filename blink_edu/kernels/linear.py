@@ -32,24 +32,14 @@ from ..backend import get_backend
 from .reduce import THREADS, block_sum, cuda
 
 GEMV_MAX_ROWS = 8  # decode batches up to this many tokens take the GEMV path
-# Threads per output row in the GEMV: a warp on a GPU; 4 in the simulator, where every barrier
-# of the partial-sum tree costs milliseconds (the tree code is the same, only shallower).
-LANES = 4 if get_backend().is_simulator else 32
+# Threads per output row in the GEMV: a warp on a GPU. In the simulator, where every barrier of
+# the partial-sum tree costs milliseconds, 1: each thread owns a whole row and the tree has no
+# levels (the same code; the GPU-marked tests exercise the tree).
+LANES = 1 if get_backend().is_simulator else 32
 ROWS_PER_ITEM = THREADS // LANES  # output rows one block computes per GEMV work item
 TILE = 32  # tiled path: TILE tokens x TILE outputs per work item, TILE-wide k steps
 PER_THREAD = TILE * TILE // THREADS  # outputs each thread accumulates in the tiled path
 TY_STEP = THREADS // TILE
-
-
-@cuda.jit(device=True, inline=True)
-def inv_rms_of_row(x, row, eps, scratch):
-    """1 / sqrt(mean(x[row]^2) + eps), computed by the whole block. x (T, I)."""
-    n = x.shape[1]
-    partial = float32(0)
-    for i in range(cuda.threadIdx.x, n, THREADS):
-        v = x[row, i]
-        partial += v * v
-    return float32(1) / math.sqrt(block_sum(partial, scratch) / n + eps)
 
 
 @cuda.jit(device=True, inline=True)
@@ -63,12 +53,19 @@ def gemv(x, x_rows, norm_w, eps, w, bias, out, accumulate, block, n_blocks):
     use_norm = norm_w.shape[0] > 0
     inv = cuda.shared.array(GEMV_MAX_ROWS, float32)
     partials = cuda.shared.array((GEMV_MAX_ROWS, THREADS), float32)
-    for r in range(R):  # per-token norm scale, once per block
-        scale = inv_rms_of_row(x, x_rows[r], eps, partials[0]) if use_norm else float32(1)
-        if tid == 0:
-            inv[r] = scale
-    cuda.syncthreads()
     acc = cuda.local.array(GEMV_MAX_ROWS, float32)
+    if use_norm:  # per-token norm scales, once per block: all R sums in one reduction
+        for r in range(R):
+            acc[r] = 0
+            for i in range(tid, I, THREADS):
+                acc[r] += x[x_rows[r], i] * x[x_rows[r], i]
+        for r in range(R):
+            total = block_sum(acc[r], partials[r])
+            if tid == 0:
+                inv[r] = float32(1) / math.sqrt(total / I + eps)
+    elif tid < R:
+        inv[tid] = float32(1)
+    cuda.syncthreads()
     for item in range(block, (O + ROWS_PER_ITEM - 1) // ROWS_PER_ITEM, n_blocks):
         o = item * ROWS_PER_ITEM + group
         for r in range(R):

@@ -8,6 +8,11 @@ shared-memory tree runs everywhere, so the same code is tested on a laptop and r
 
 ``THREADS`` is 128 on a GPU and 32 in the simulator, where every CUDA thread is a Python thread
 and fewer threads per block keep tests fast. Code must only assume a power of two >= 32.
+
+In the simulator a barrier costs milliseconds (32 Python threads meet), so there the reductions
+take their simulator form: every thread writes its value, one barrier, and every thread adds up
+all ``THREADS`` values itself — two barriers instead of ``2 + log2(THREADS)``. Same result (up to
+float rounding order), same contract; only the GPU form is worth its extra barriers.
 """
 
 from __future__ import annotations
@@ -19,7 +24,8 @@ from numba import float32, int32
 from ..backend import get_backend
 
 cuda = get_backend().cuda
-THREADS = 32 if get_backend().is_simulator else 128
+SIMULATOR = get_backend().is_simulator
+THREADS = 32 if SIMULATOR else 128
 
 
 def grid_for(n_items: int, max_blocks: int = 1024) -> int:
@@ -31,9 +37,8 @@ def grid_for(n_items: int, max_blocks: int = 1024) -> int:
 
 
 @cuda.jit(device=True, inline=True)
-def block_sum(value, scratch):
-    """Sum of ``value`` over the block's threads; every thread gets the total.
-    scratch: shared float32 (THREADS,)."""
+def _tree_sum(value, scratch):
+    """GPU form: a shared-memory tree, log2(THREADS) levels."""
     tid = cuda.threadIdx.x
     scratch[tid] = value
     cuda.syncthreads()
@@ -49,8 +54,7 @@ def block_sum(value, scratch):
 
 
 @cuda.jit(device=True, inline=True)
-def block_max(value, scratch):
-    """Max of ``value`` over the block's threads; every thread gets it."""
+def _tree_max(value, scratch):
     tid = cuda.threadIdx.x
     scratch[tid] = value
     cuda.syncthreads()
@@ -66,8 +70,7 @@ def block_max(value, scratch):
 
 
 @cuda.jit(device=True, inline=True)
-def block_argmax(value, index, values, indices):
-    """(max value, its lowest index) over the block; shared scratch ``values``/``indices``."""
+def _tree_argmax(value, index, values, indices):
     tid = cuda.threadIdx.x
     values[tid] = value
     indices[tid] = index
@@ -84,6 +87,50 @@ def block_argmax(value, index, values, indices):
     best, where = values[0], indices[0]
     cuda.syncthreads()
     return best, where
+
+
+@cuda.jit(device=True, inline=True)
+def _serial_sum(value, scratch):
+    """Simulator form: every thread adds all THREADS values (two barriers)."""
+    scratch[cuda.threadIdx.x] = value
+    cuda.syncthreads()
+    total = float32(0)
+    for j in range(THREADS):
+        total += scratch[j]
+    cuda.syncthreads()
+    return total
+
+
+@cuda.jit(device=True, inline=True)
+def _serial_max(value, scratch):
+    scratch[cuda.threadIdx.x] = value
+    cuda.syncthreads()
+    best = scratch[0]
+    for j in range(1, THREADS):
+        best = max(best, scratch[j])
+    cuda.syncthreads()
+    return best
+
+
+@cuda.jit(device=True, inline=True)
+def _serial_argmax(value, index, values, indices):
+    values[cuda.threadIdx.x] = value
+    indices[cuda.threadIdx.x] = index
+    cuda.syncthreads()
+    best, where = values[0], indices[0]
+    for j in range(1, THREADS):
+        if values[j] > best or (values[j] == best and indices[j] < where):
+            best, where = values[j], indices[j]
+    cuda.syncthreads()
+    return best, where
+
+
+# block_sum(value, scratch) / block_max(value, scratch): the reduction over the block's threads,
+# every thread gets the result; scratch is a shared float32 (THREADS,).
+# block_argmax(value, index, values, indices): (max value, its lowest index).
+block_sum = _serial_sum if SIMULATOR else _tree_sum
+block_max = _serial_max if SIMULATOR else _tree_max
+block_argmax = _serial_argmax if SIMULATOR else _tree_argmax
 
 
 NEG_INF = float32(-math.inf)

@@ -1,0 +1,312 @@
+"""The kernel executors: the model as Numba CUDA kernels, driven by the host — eager or graph.
+
+DESIGN.md §2 ("three executors, one model") and Blink §2 (why host-driven loops are slow).
+Both executors run the *same* kernel launches on the *same* buffers; they differ only in who
+issues them:
+
+* ``EagerExecutor`` — a Python loop launches every kernel of every step: 1 embedding gather,
+  7 per layer (norm+qkv, rope+kv-write, attention, o-proj+residual, norm+gate/up, SwiGLU,
+  down+residual), the LM head and the sampler. Each launch costs tens of microseconds of host
+  time, so at small batch the GPU mostly waits for Python.
+* ``GraphExecutor`` — the same launches are captured once per *bucket* into a CUDA graph
+  (together with the input and output copies) and each step replays one graph: one launch.
+
+**Buckets.** A graph has fixed shapes, so a step's ``S`` sequences and ``T`` tokens are padded up
+to a bucket ``(S_b, T_b)``, both powers of two; a precomputed table maps any ``(S, T)`` to its
+bucket in O(1). Padding tokens and padding sequences point at a scratch KV block that no sequence
+owns, so their work is harmless and ignored. The eager executor pads the same way, so the two
+run identical kernels and can be compared fairly.
+
+Weights are uploaded once, in fused layouts: ``[Wq; Wk; Wv]`` as one matrix (one GEMV instead of
+three) and ``[W_gate; W_up]`` as one (SwiGLU reads both halves).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..backend import get_backend
+from ..config import EngineConfig
+from ..kernels.attention import paged_attention_kernel
+from ..kernels.elementwise import embed_tokens_kernel, swiglu_kernel
+from ..kernels.linear import linear_kernel, linear_work_items
+from ..kernels.reduce import THREADS, cuda, grid_for
+from ..kernels.rope import rope_and_write_kv_kernel
+from ..kernels.sampling import sample_rows_kernel
+from ..kv.block_manager import blocks_needed
+from ..kv.pool import allocate_kv_pool
+from ..model.reference import rope_tables
+from ..model.weights import ModelWeights
+from .step import StepBatch
+
+
+def powers_of_two_upto(limit: int) -> list[int]:
+    sizes = [1]
+    while sizes[-1] < limit:
+        sizes.append(sizes[-1] * 2)
+    return sizes
+
+
+class BucketTable:
+    """O(1) map from a step's (sequences, tokens) to the padded shape its graph was captured at."""
+
+    def __init__(self, max_seqs: int, max_tokens: int):
+        self.seq_sizes = powers_of_two_upto(max_seqs)
+        self.token_sizes = powers_of_two_upto(max_tokens)
+        self._seq_bucket = np.array([next(b for b in self.seq_sizes if b >= n)
+                                     for n in range(self.seq_sizes[-1] + 1)])
+        self._token_bucket = np.array([next(b for b in self.token_sizes if b >= n)
+                                       for n in range(self.token_sizes[-1] + 1)])
+
+    def __call__(self, num_seqs: int, num_tokens: int) -> tuple[int, int]:
+        if num_seqs > self.seq_sizes[-1] or num_tokens > self.token_sizes[-1]:
+            raise ValueError(f"step of {num_seqs} sequences / {num_tokens} tokens exceeds the "
+                             f"largest bucket ({self.seq_sizes[-1]}, {self.token_sizes[-1]})")
+        s = int(self._seq_bucket[num_seqs])
+        return s, max(s, int(self._token_bucket[num_tokens]))  # every sequence has >= 1 token
+
+    def all_buckets(self) -> list[tuple[int, int]]:
+        return [(s, t) for s in self.seq_sizes for t in self.token_sizes if t >= s]
+
+
+def _empty():
+    return cuda.to_device(np.zeros(0, np.float32))
+
+
+@dataclass
+class DeviceLayer:
+    attn_norm: object  # (D,) f32
+    w_qkv: object  # ((H + 2K) * E, D)
+    b_qkv: object  # ((H + 2K) * E,) or (0,)
+    w_o: object  # (D, H * E)
+    b_o: object  # (D,) or (0,)
+    mlp_norm: object  # (D,)
+    w_gate_up: object  # (2F, D)
+    b_gate_up: object  # (2F,) or (0,)
+    w_down: object  # (D, F)
+    b_down: object  # (D,) or (0,)
+
+
+def _cat(*arrays):
+    return None if arrays[0] is None else np.concatenate(arrays, axis=0)
+
+
+def upload_weights(weights: ModelWeights, weight_dtype=np.float32):
+    """Weights on the device, in the fused layouts; norms and biases stay float32."""
+    def mat(a):
+        return cuda.to_device(np.ascontiguousarray(a, dtype=weight_dtype))
+
+    def vec(a):
+        return _empty() if a is None else cuda.to_device(np.ascontiguousarray(a, np.float32))
+
+    layers = [DeviceLayer(
+        attn_norm=vec(lw.attn_norm), w_qkv=mat(_cat(lw.wq, lw.wk, lw.wv)),
+        b_qkv=vec(_cat(lw.bq, lw.bk, lw.bv)), w_o=mat(lw.wo), b_o=vec(lw.bo),
+        mlp_norm=vec(lw.mlp_norm), w_gate_up=mat(_cat(lw.w_gate, lw.w_up)),
+        b_gate_up=vec(_cat(lw.b_gate, lw.b_up)), w_down=mat(lw.w_down), b_down=vec(lw.b_down),
+    ) for lw in weights.layers]
+    embed = mat(weights.embed)
+    lm_head = embed if weights.lm_head is weights.embed else mat(weights.lm_head)
+    return embed, layers, vec(weights.final_norm), lm_head
+
+
+class EagerExecutor:
+    """Runs each step as one Python-issued launch per op (see the module docstring)."""
+
+    name = "eager"
+
+    def __init__(self, weights: ModelWeights, engine_config: EngineConfig,
+                 weight_dtype=np.float32, max_model_len: int | None = None):
+        cfg = self.config = weights.config
+        self.backend = get_backend()
+        self.block_size = B = engine_config.block_size
+        self.max_model_len = max_model_len or engine_config.max_model_len or cfg.max_position_embeddings
+        self.buckets = BucketTable(engine_config.max_num_seqs, engine_config.max_num_batched_tokens)
+        max_s, max_t = self.buckets.seq_sizes[-1], self.buckets.token_sizes[-1]
+        self.scratch_block = engine_config.num_kv_blocks  # owned by nobody: padding writes here
+        self.width = blocks_needed(self.max_model_len, B)  # block-table width W
+        self.stream = self._make_stream()
+        self.embed, self.layers, self.final_norm, self.lm_head = upload_weights(weights, weight_dtype)
+        cos, sin = rope_tables(cfg, np.arange(self.max_model_len))  # (P, E/2)
+        self.cos, self.sin = cuda.to_device(cos), cuda.to_device(sin)
+        self.kv_pool = cuda.to_device(allocate_kv_pool(cfg, engine_config.num_kv_blocks + 1, B))
+        H, K, E, D, F = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, cfg.hidden_size, cfg.intermediate_size
+        f32 = np.float32
+        # device buffers at the largest bucket; each bucket uses leading views of them
+        self.x = cuda.device_array((max_t, D), f32)  # residual stream
+        self.qkv = cuda.device_array((max_t, (H + 2 * K) * E), f32)
+        self.attn = cuda.device_array((max_t, H * E), f32)
+        self.gate_up = cuda.device_array((max_t, 2 * F), f32)
+        self.act = cuda.device_array((max_t, F), f32)
+        self.logits = cuda.device_array((max_s, cfg.vocab_size), f32)
+        self.all_rows = cuda.to_device(np.arange(max_t, dtype=np.int32))
+        # step inputs: host staging (pinned on a GPU) and their device twins
+        self.host = self._host_inputs(max_s, max_t)
+        self.dev = {k: cuda.to_device(v) for k, v in self.host.items()}
+        self._views: dict[tuple[int, int], dict] = {}
+
+    # --- plumbing --------------------------------------------------------------------------
+    def _make_stream(self):
+        if self.backend.is_simulator:
+            return 0
+        import cupy
+
+        self._cupy_stream = cupy.cuda.Stream(non_blocking=True)
+        return cuda.external_stream(self._cupy_stream.ptr)
+
+    def _host_inputs(self, max_s: int, max_t: int) -> dict[str, np.ndarray]:
+        def buf(shape, dtype):
+            if self.backend.is_simulator:
+                return np.zeros(shape, dtype)
+            return cuda.pinned_array(shape, dtype)
+
+        return dict(
+            token_ids=buf(max_t, np.int32), positions=buf(max_t, np.int32),
+            seq_rows=buf(max_t, np.int32), block_tables=buf((max_s + 1, self.width), np.int32),
+            logit_rows=buf(max_s, np.int32), temperature=buf(max_s, np.float32),
+            top_p=buf(max_s, np.float32), top_k=buf(max_s, np.int32),
+            seeds=buf(max_s, np.uint32), counters=buf(max_s, np.int32), tokens=buf(max_s, np.int32))
+
+    def bucket_views(self, s_b: int, t_b: int) -> dict:
+        """Device views shaped for bucket (S_b, T_b): kernels read their sizes from the shapes."""
+        key = (s_b, t_b)
+        if key not in self._views:
+            d = self.dev
+            self._views[key] = dict(
+                x=self.x[:t_b], qkv=self.qkv[:t_b], attn=self.attn[:t_b],
+                gate_up=self.gate_up[:t_b], act=self.act[:t_b], logits=self.logits[:s_b],
+                rows=self.all_rows[:t_b], token_ids=d["token_ids"][:t_b],
+                positions=d["positions"][:t_b], seq_rows=d["seq_rows"][:t_b],
+                block_tables=d["block_tables"][:s_b + 1], logit_rows=d["logit_rows"][:s_b],
+                temperature=d["temperature"][:s_b], top_p=d["top_p"][:s_b], top_k=d["top_k"][:s_b],
+                seeds=d["seeds"][:s_b], counters=d["counters"][:s_b], tokens=d["tokens"][:s_b])
+        return self._views[key]
+
+    def stage_inputs(self, batch: StepBatch, s_b: int, t_b: int) -> None:
+        """Write the step (padded to its bucket) into the host staging buffers."""
+        h, S, T = self.host, batch.num_seqs, batch.num_tokens
+        dummy_row = s_b  # padding rows/tokens use the last table row: all scratch block
+        h["block_tables"][: s_b + 1] = self.scratch_block
+        h["block_tables"][:S, : batch.block_tables.shape[1]] = np.where(
+            batch.block_tables >= 0, batch.block_tables, self.scratch_block)
+        for name, value, pad in (("token_ids", batch.token_ids, 0), ("positions", batch.positions, 0),
+                                 ("seq_rows", batch.seq_rows, dummy_row)):
+            h[name][:T] = value
+            h[name][T:t_b] = pad
+        for name, value, pad in (("logit_rows", batch.logit_rows, 0), ("temperature", batch.temperature, 0),
+                                 ("top_p", batch.top_p, 1), ("top_k", batch.top_k, 0),
+                                 ("seeds", batch.seeds, 0), ("counters", batch.counters, 0)):
+            h[name][:S] = value
+            h[name][S:s_b] = pad
+
+    def copy_inputs(self, s_b: int, t_b: int) -> None:
+        v, h, stream = self.bucket_views(s_b, t_b), self.host, self.stream
+        for name in ("token_ids", "positions", "seq_rows"):
+            v[name].copy_to_device(h[name][:t_b], stream=stream)
+        v["block_tables"].copy_to_device(h["block_tables"][: s_b + 1], stream=stream)
+        for name in ("logit_rows", "temperature", "top_p", "top_k", "seeds", "counters"):
+            v[name].copy_to_device(h[name][:s_b], stream=stream)
+
+    def copy_outputs(self, s_b: int, t_b: int) -> None:
+        self.bucket_views(s_b, t_b)["tokens"].copy_to_host(self.host["tokens"][:s_b], stream=self.stream)
+
+    # --- the model, as launches ------------------------------------------------------------
+    def launch_forward(self, s_b: int, t_b: int) -> None:
+        """Every kernel of one step, in order, on ``self.stream``."""
+        cfg, v, st, eps = self.config, self.bucket_views(s_b, t_b), self.stream, np.float32(self.config.rms_norm_eps)
+        H, K = cfg.num_heads, cfg.num_kv_heads
+        empty = self.final_norm[:0]
+
+        def linear(x, rows, norm, w, b, out, accumulate):
+            grid = grid_for(linear_work_items(rows.shape[0], w.shape[0]))
+            linear_kernel[grid, THREADS, st](x, rows, norm, eps, w, b, out, accumulate)
+
+        embed_tokens_kernel[grid_for(t_b), THREADS, st](self.embed, v["token_ids"], v["x"])
+        for i, lw in enumerate(self.layers):
+            linear(v["x"], v["rows"], lw.attn_norm, lw.w_qkv, lw.b_qkv, v["qkv"], 0)
+            rope_and_write_kv_kernel[grid_for(t_b), THREADS, st](
+                v["qkv"], v["positions"], v["seq_rows"], v["block_tables"], self.cos, self.sin,
+                self.kv_pool, i, H, K)
+            paged_attention_kernel[grid_for(t_b * H), THREADS, st](
+                v["qkv"], v["positions"], v["seq_rows"], v["block_tables"], self.kv_pool, i, H, K,
+                v["attn"])
+            linear(v["attn"], v["rows"], empty, lw.w_o, lw.b_o, v["x"], 1)
+            linear(v["x"], v["rows"], lw.mlp_norm, lw.w_gate_up, lw.b_gate_up, v["gate_up"], 0)
+            swiglu_kernel[grid_for(t_b), THREADS, st](v["gate_up"], v["act"])
+            linear(v["act"], v["rows"], empty, lw.w_down, lw.b_down, v["x"], 1)
+        linear(v["x"], v["logit_rows"], self.final_norm, self.lm_head, empty, v["logits"], 0)
+        sample_rows_kernel[grid_for(s_b), THREADS, st](
+            v["logits"], v["temperature"], v["top_p"], v["top_k"], v["seeds"], v["counters"],
+            v["tokens"])
+
+    def run_bucket(self, s_b: int, t_b: int) -> None:
+        self.copy_inputs(s_b, t_b)
+        self.launch_forward(s_b, t_b)
+        self.copy_outputs(s_b, t_b)
+
+    def synchronize(self) -> None:
+        if not self.backend.is_simulator:
+            self._cupy_stream.synchronize()
+
+    def step(self, batch: StepBatch) -> np.ndarray:
+        """Run one step; (S,) int32 sampled tokens."""
+        s_b, t_b = self.buckets(batch.num_seqs, batch.num_tokens)
+        self.stage_inputs(batch, s_b, t_b)
+        self.run_bucket(s_b, t_b)
+        self.synchronize()
+        return np.array(self.host["tokens"][: batch.num_seqs], dtype=np.int32)
+
+
+class GraphExecutor(EagerExecutor):
+    """Replays one captured CUDA graph per step (input copies + every kernel + output copy)."""
+
+    name = "graph"
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        if self.backend.is_simulator:
+            raise RuntimeError("the graph executor needs a GPU (CUDA graphs do not exist in "
+                               "Numba's simulator); use executor='eager' or 'reference'")
+        self.graphs: dict[tuple[int, int], object] = {}
+        self.capture_seconds = 0.0
+
+    def capture(self, s_b: int, t_b: int):
+        """Capture bucket (S_b, T_b) into a graph (once; kernels are compiled by a warm-up run)."""
+        import time
+
+        if (s_b, t_b) not in self.graphs:
+            self.run_bucket(s_b, t_b)  # compile every kernel specialisation outside the capture
+            self.synchronize()
+            start = time.perf_counter()
+            self._cupy_stream.begin_capture()
+            self.run_bucket(s_b, t_b)
+            self.graphs[(s_b, t_b)] = self._cupy_stream.end_capture()
+            self.capture_seconds += time.perf_counter() - start
+        return self.graphs[(s_b, t_b)]
+
+    def capture_all(self) -> None:
+        for s_b, t_b in self.buckets.all_buckets():
+            self.stage_padding_only(s_b, t_b)
+            self.capture(s_b, t_b)
+
+    def stage_padding_only(self, s_b: int, t_b: int) -> None:
+        """Inputs that touch only the scratch block (for capturing before any request exists)."""
+        h = self.host
+        h["block_tables"][: s_b + 1] = self.scratch_block
+        for name in ("token_ids", "positions", "logit_rows", "top_k", "seeds", "counters"):
+            h[name][:] = 0
+        h["seq_rows"][:] = s_b
+        h["temperature"][:] = 0
+        h["top_p"][:] = 1
+
+    def step(self, batch: StepBatch) -> np.ndarray:
+        s_b, t_b = self.buckets(batch.num_seqs, batch.num_tokens)
+        if (s_b, t_b) not in self.graphs:
+            self.stage_padding_only(s_b, t_b)
+            self.capture(s_b, t_b)
+        self.stage_inputs(batch, s_b, t_b)
+        self.graphs[(s_b, t_b)].launch(self._cupy_stream)
+        self.synchronize()
+        return np.array(self.host["tokens"][: batch.num_seqs], dtype=np.int32)
