@@ -263,10 +263,13 @@ class EngineConfig:
     max_num_batched_tokens: int = 512
     max_model_len: int | None = None  # None: the model's max_position_embeddings
     executor: str = "auto"
+    weight_dtype: str = "auto"  # kernels' weights: float32 | float16 | auto (as on disk; bf16 -> fp16)
 
     def __post_init__(self):
         for name in ("block_size", "num_kv_blocks", "max_num_seqs", "max_num_batched_tokens"):
             if getattr(self, name) < 1:
                 raise ValueError(f"EngineConfig.{name} must be >= 1, got {getattr(self, name)}")
+        if self.weight_dtype not in ("auto", "float32", "float16"):
+            raise ValueError(f"weight_dtype must be auto, float32 or float16, got {self.weight_dtype!r}")
         if self.executor not in EXECUTORS:
             raise ValueError(f"unknown executor {self.executor!r}; choose from {', '.join(EXECUTORS)}")

@@ -1,0 +1,306 @@
+"""``python -m blink_edu.bench.decode``: decode speed of the eager and graph executors, against
+Hugging Face ``transformers`` on the same weights and against the HBM roofline.
+
+Issue 4; DESIGN.md §4 (peers measured on the H200). For each model — the bundled one and a
+random-weight model of SmolLM2-135M's shape in fp16 — and each batch size, ``B`` sequences with
+``P``-token prompts are prefilled, then ``steps`` decode steps are timed one by one (each step ends
+with its sampled tokens back on the host). TPOT is the median step time; throughput ``B / TPOT``.
+
+The roofline: a batch-1 decode step must read every weight once, so it cannot beat
+``weight bytes / HBM bandwidth`` (bandwidth measured here with a large device-to-device copy).
+The eager executor's host launch time is measured too (issuing one step's launches, no sync),
+which is the chapter's "where does the time go" figure.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+from ..config import EngineConfig, ModelConfig
+from ..engine.kernel_executor import EagerExecutor, GraphExecutor
+from ..engine.step import pack_step
+from ..config import SamplingParams
+from ..kv.block_manager import BlockManager
+from ..model.bundled import resolve_model_dir
+from ..model.weights import ModelWeights, load_weights, random_weights
+from .results import print_table, write_results
+
+SMOLLM2_135M = dict(model_type="llama", vocab_size=49152, hidden_size=576, intermediate_size=1536,
+                    num_hidden_layers=30, num_attention_heads=9, num_key_value_heads=3,
+                    max_position_embeddings=2048, rope_theta=100000.0, rms_norm_eps=1e-5,
+                    tie_word_embeddings=True, bos_token_id=1, eos_token_id=2)
+
+
+def weight_bytes(config: ModelConfig, itemsize: int = 2) -> int:
+    return config.num_parameters() * itemsize
+
+
+def hbm_copy_bandwidth() -> float:
+    """Device-to-device copy bandwidth in bytes/s, counting read + write (CuPy, 1 GiB)."""
+    import cupy
+
+    a = cupy.empty(1 << 30, dtype=cupy.uint8)
+    b = cupy.empty_like(a)
+    b[...] = a
+    start, end = cupy.cuda.Event(), cupy.cuda.Event()
+    times = []
+    for _ in range(10):
+        start.record()
+        b[...] = a
+        end.record()
+        end.synchronize()
+        times.append(cupy.cuda.get_elapsed_time(start, end) / 1e3)
+    return 2 * a.nbytes / statistics.median(times)
+
+
+class DecodeRun:
+    """B sequences prefilled in one executor, then driven one decode step at a time."""
+
+    def __init__(self, executor, batch: int, prompt_len: int, vocab: int, rng):
+        self.executor, self.batch = executor, batch
+        self.blocks = BlockManager(executor.scratch_block, executor.block_size)
+        self.tokens = [rng.integers(3, vocab, size=prompt_len).tolist() for _ in range(batch)]
+        self.cached = [0] * batch
+        self.params = [SamplingParams(temperature=0)] * batch
+
+    def step(self) -> float:
+        chunks = []
+        for s in range(self.batch):
+            self.blocks.grow(s, len(self.tokens[s]))
+            chunks.append((self.tokens[s][self.cached[s]:], self.cached[s]))
+        batch = pack_step(chunks, self.blocks.block_table_array(list(range(self.batch))),
+                          self.params, [0] * self.batch, [0] * self.batch)
+        start = time.perf_counter()
+        out = self.executor.step(batch)
+        elapsed = time.perf_counter() - start
+        for s in range(self.batch):
+            self.cached[s] = len(self.tokens[s])
+            self.tokens[s].append(int(out[s]))
+        return elapsed
+
+    def free(self):
+        for s in range(self.batch):
+            self.blocks.free(s)
+
+
+def time_executor(executor, batches, prompt_len, steps, vocab, rng) -> list[dict]:
+    rows = []
+    for batch in batches:
+        run = DecodeRun(executor, batch, prompt_len, vocab, rng)
+        run.step()  # prefill
+        for _ in range(3):  # warm-up (compiles kernels, captures graphs)
+            run.step()
+        times = [run.step() for _ in range(steps)]
+        tpot = statistics.median(times)
+        row = {"executor": executor.name, "batch": batch, "tpot_us": tpot * 1e6,
+               "tokens_per_s": batch / tpot, "step_times_us": [t * 1e6 for t in times]}
+        if executor.name == "eager":
+            row["host_launch_us"] = host_launch_time(executor, batch) * 1e6
+        run.free()
+        rows.append(row)
+        print(f"  {executor.name:6s} B={batch:4d}  TPOT {tpot * 1e6:9.1f} us  {batch / tpot:9.0f} tok/s",
+              flush=True)
+    return rows
+
+
+def host_launch_time(executor: EagerExecutor, batch: int) -> float:
+    """Host time to issue one decode step's launches (no synchronisation)."""
+    s_b, t_b = executor.buckets(batch, batch)
+    times = []
+    for _ in range(5):
+        executor.synchronize()
+        start = time.perf_counter()
+        executor.launch_forward(s_b, t_b)
+        times.append(time.perf_counter() - start)
+    executor.synchronize()
+    return statistics.median(times)
+
+
+def graph_gpu_time(executor: GraphExecutor, batch: int) -> float:
+    """GPU time of one replayed decode graph (CUDA events), seconds."""
+    import cupy
+
+    s_b, t_b = executor.buckets(batch, batch)
+    graph = executor.graphs[(s_b, t_b)]
+    stream = executor._cupy_stream
+    start, end = cupy.cuda.Event(), cupy.cuda.Event()
+    times = []
+    for _ in range(10):
+        start.record(stream)
+        graph.launch(stream)
+        end.record(stream)
+        end.synchronize()
+        times.append(cupy.cuda.get_elapsed_time(start, end) / 1e3)
+    return statistics.median(times)
+
+
+def save_as_hf_folder(weights: ModelWeights, raw_config: dict, folder: Path) -> Path:
+    """Write random weights as a fp16 Hugging Face folder so transformers loads the same numbers."""
+    from safetensors.numpy import save_file
+
+    from ..model.weights import expected_shapes
+
+    cfg = weights.config
+    tensors = {"model.embed_tokens.weight": weights.embed, "model.norm.weight": weights.final_norm}
+    for i, lw in enumerate(weights.layers):
+        p = f"model.layers.{i}."
+        tensors.update({p + "input_layernorm.weight": lw.attn_norm,
+                        p + "post_attention_layernorm.weight": lw.mlp_norm,
+                        p + "self_attn.q_proj.weight": lw.wq, p + "self_attn.k_proj.weight": lw.wk,
+                        p + "self_attn.v_proj.weight": lw.wv, p + "self_attn.o_proj.weight": lw.wo,
+                        p + "mlp.gate_proj.weight": lw.w_gate, p + "mlp.up_proj.weight": lw.w_up,
+                        p + "mlp.down_proj.weight": lw.w_down})
+    assert set(tensors) == set(expected_shapes(cfg))
+    folder.mkdir(parents=True, exist_ok=True)
+    save_file({k: np.ascontiguousarray(v, np.float16) for k, v in tensors.items()},
+              str(folder / "model.safetensors"))
+    (folder / "config.json").write_text(json.dumps(
+        {**raw_config, "architectures": ["LlamaForCausalLM"], "torch_dtype": "float16"}))
+    return folder
+
+
+def time_hf(folder: Path, batches, prompt_len, steps, vocab, rng, compile_batches) -> list[dict]:
+    """transformers' generate: plain, and static cache + torch.compile where it runs."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float16).cuda().eval()
+    rows = []
+
+    def tpot(b: int) -> float:
+        ids = torch.tensor(rng.integers(3, vocab, size=(b, prompt_len)), device="cuda")
+
+        def run(n: int) -> float:
+            torch.cuda.synchronize()
+            start = time.perf_counter()
+            with torch.no_grad():
+                model.generate(ids, max_new_tokens=n, min_new_tokens=n, do_sample=False,
+                               pad_token_id=0, attention_mask=torch.ones_like(ids))
+            torch.cuda.synchronize()
+            return time.perf_counter() - start
+
+        run(4)
+        n = steps + 1
+        return (statistics.median(run(n) for _ in range(3)) - run(1)) / steps
+
+    for batch in batches:
+        t = tpot(batch)
+        rows.append({"executor": "hf_eager", "batch": batch, "tpot_us": t * 1e6, "tokens_per_s": batch / t})
+        print(f"  hf_eager B={batch:4d}  TPOT {t * 1e6:9.1f} us", flush=True)
+    try:
+        model.generation_config.cache_implementation = "static"
+        model.forward = torch.compile(model.forward, mode="reduce-overhead", fullgraph=True)
+        for batch in compile_batches:
+            t = tpot(batch)
+            rows.append({"executor": "hf_static_compile", "batch": batch, "tpot_us": t * 1e6,
+                         "tokens_per_s": batch / t})
+            print(f"  hf_static_compile B={batch:4d}  TPOT {t * 1e6:9.1f} us", flush=True)
+    except Exception as err:  # noqa: BLE001 - recorded, as DESIGN.md §4 saw it crash
+        rows.append({"executor": "hf_static_compile", "error": f"{type(err).__name__}: {err}"[:500]})
+        print(f"  hf_static_compile failed: {type(err).__name__}: {str(err)[:200]}", flush=True)
+    del model
+    torch.cuda.empty_cache()
+    return rows
+
+
+def bench_model(label: str, weights: ModelWeights, hf_folder: Path | None, args, rng) -> dict:
+    cfg = weights.config
+    batches = [int(b) for b in args.batches.split(",")]
+    max_b = max(batches)
+    per_seq = -(-(args.prompt_len + args.steps + 8) // 16)
+    engine = EngineConfig(block_size=16, num_kv_blocks=max_b * per_seq + 8, max_num_seqs=max_b,
+                          max_num_batched_tokens=max_b * args.prompt_len,
+                          max_model_len=args.prompt_len + args.steps + 64)
+    print(f"{label}: {cfg.num_parameters() / 1e6:.1f} M parameters, fp16 weights", flush=True)
+    rows = []
+    for cls in (EagerExecutor, GraphExecutor):
+        executor = cls(weights, engine, weight_dtype=np.float16)
+        rows += time_executor(executor, batches, args.prompt_len, args.steps, cfg.vocab_size, rng)
+        if cls is GraphExecutor:
+            for r in rows:
+                if r["executor"] == "graph":
+                    r["gpu_us"] = graph_gpu_time(executor, r["batch"]) * 1e6
+            rows.append({"executor": "graph", "graphs_captured": len(executor.graphs),
+                         "capture_seconds": executor.capture_seconds})
+        del executor
+    if hf_folder is not None and not args.skip_hf:
+        rows += time_hf(hf_folder, batches, args.prompt_len, args.steps, cfg.vocab_size, rng,
+                        compile_batches=[1])
+    return {"label": label, "params": cfg.num_parameters(), "weight_bytes_fp16": weight_bytes(cfg),
+            "rows": rows}
+
+
+def tpot_of(result: dict, executor: str, batch: int) -> float | None:
+    for r in result["rows"]:
+        if r.get("executor") == executor and r.get("batch") == batch and "tpot_us" in r:
+            return r["tpot_us"]
+    return None
+
+
+def ratio(a, b):
+    return None if a is None or b is None else a / b
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--batches", default="1,8,32,128")
+    parser.add_argument("--prompt-len", type=int, default=16)
+    parser.add_argument("--steps", type=int, default=32)
+    parser.add_argument("--models", default="bundled,135m")
+    parser.add_argument("--skip-hf", action="store_true")
+    parser.add_argument("--out", default=None, help="results folder (default bench/results)")
+    args = parser.parse_args(argv)
+    rng = np.random.default_rng(0)
+    bandwidth = hbm_copy_bandwidth()
+    print(f"HBM copy bandwidth: {bandwidth / 1e12:.2f} TB/s", flush=True)
+    results = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        if "bundled" in args.models:
+            folder = resolve_model_dir()
+            results["bundled"] = bench_model("bundled", load_weights(folder), folder, args, rng)
+        if "135m" in args.models:
+            cfg = ModelConfig.from_dict(SMOLLM2_135M)
+            weights = random_weights(cfg, seed=0, scale=0.02)
+            weights.final_norm[:] = 1.0
+            for lw in weights.layers:
+                lw.attn_norm[:] = 1.0
+                lw.mlp_norm[:] = 1.0
+            folder = save_as_hf_folder(weights, SMOLLM2_135M, Path(tmp) / "smollm2-135m-random")
+            results["135m"] = bench_model("smollm2-135m-shape", weights, folder, args, rng)
+    for r in results.values():
+        r["roofline_us"] = r["weight_bytes_fp16"] / bandwidth * 1e6
+    table = []
+    for key, r in results.items():
+        for row in r["rows"]:
+            if "tpot_us" in row:
+                table.append({"model": key, **{k: row.get(k) for k in ("executor", "batch", "tpot_us", "tokens_per_s", "host_launch_us", "gpu_us")},
+                              "roofline_frac": r["roofline_us"] / row["tpot_us"] if row["batch"] == 1 else None})
+    print()
+    print_table(table, ["model", "executor", "batch", "tpot_us", "tokens_per_s", "host_launch_us", "gpu_us", "roofline_frac"])
+    small = results.get("bundled") or results.get("135m")
+    big = results.get("135m")
+    best_hf = lambda r: min(filter(None, [tpot_of(r, "hf_eager", 1), tpot_of(r, "hf_static_compile", 1)]), default=None)  # noqa: E731
+    summary = {
+        "graph_over_eager_b1": ratio(tpot_of(small, "eager", 1), tpot_of(small, "graph", 1)),
+        "graph_over_hf_eager_b1": ratio(tpot_of(small, "hf_eager", 1), tpot_of(small, "graph", 1)),
+        "graph_over_hf_eager_b1_135m": ratio(tpot_of(big, "hf_eager", 1), tpot_of(big, "graph", 1)) if big else None,
+        "graph_over_hf_best_b1": ratio(best_hf(small), tpot_of(small, "graph", 1)),
+        "graph_over_hf_best_b1_135m": ratio(best_hf(big), tpot_of(big, "graph", 1)) if big else None,
+        "roofline_fraction_135m_b1": ratio(big["roofline_us"], tpot_of(big, "graph", 1)) if big else None,
+        "small_model": small["label"], "hbm_copy_tb_per_s": bandwidth / 1e12,
+    }
+    path = write_results("decode", vars(args), results, summary, args.out)
+    print("\nsummary:", json.dumps(summary, indent=1))
+    print(f"wrote {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

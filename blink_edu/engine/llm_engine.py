@@ -1,0 +1,161 @@
+"""The engine: requests in, one step at a time, tokens out.
+
+DESIGN.md §2 (the eager/graph executors' host loop: "a Python loop launches every kernel of every
+step"); nano-vllm's ``LLMEngine``. This host-driven loop is exactly what Blink takes off the CPU:
+
+    while engine.has_unfinished():
+        batch, seqs = scheduler.schedule()     # host: decide who runs (Python)
+        tokens = executor.step(batch)          # device: one forward over the flat batch + sampling
+        scheduler.postprocess(seqs, tokens)    # host: append, stop, free blocks
+
+Every token of every request goes through this Python code. Blink's persistent kernel runs the
+same three lines on the GPU instead, polling a ring buffer for requests.
+
+The executor owns the KV pool and runs the model; the scheduler owns the block tables. They meet
+only in the ``StepBatch`` (``step.py``), so executors are interchangeable.
+"""
+
+from __future__ import annotations
+
+import itertools
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import NamedTuple
+
+import numpy as np
+
+from ..backend import get_backend
+from ..config import EngineConfig, SamplingParams
+from ..model.weights import ModelWeights, load_weights
+from .reference_executor import ReferenceExecutor
+from .scheduler import Scheduler
+from .sequence import Sequence
+
+
+def kernel_weight_dtype(weights: ModelWeights, engine_config: EngineConfig):
+    """float16 or float32 for the kernels' weights; ``auto`` keeps the checkpoint's precision
+    (bfloat16 becomes float16: the kernels have no bfloat16)."""
+    choice = engine_config.weight_dtype
+    if choice == "auto":
+        choice = "float16" if weights.config.torch_dtype in ("float16", "bfloat16") else "float32"
+    return np.dtype(choice)
+
+
+def default_executor() -> str:
+    """``auto``: the CUDA-graph executor on a GPU; the NumPy reference on a CPU, where the
+    kernels would run in the (far too slow for serving) simulator."""
+    return "reference" if get_backend().is_simulator else "graph"
+
+
+def make_executor(name: str, weights: ModelWeights, engine_config: EngineConfig):
+    """Build the executor called ``name`` (``EngineConfig.executor``). Every executor owns a KV
+    pool of ``engine_config.num_kv_blocks`` blocks and has ``step(batch) -> (S,) int32`` sampled
+    tokens and a ``name``."""
+    name = default_executor() if name == "auto" else name
+    if name == "reference":
+        return ReferenceExecutor(weights, engine_config.num_kv_blocks, engine_config.block_size)
+    if name in ("eager", "graph"):
+        from .kernel_executor import EagerExecutor, GraphExecutor
+
+        cls = EagerExecutor if name == "eager" else GraphExecutor
+        return cls(weights, engine_config, weight_dtype=kernel_weight_dtype(weights, engine_config))
+    raise ValueError(f"executor {name!r} is not available yet; choose reference, eager or graph")
+
+
+class StepOutput(NamedTuple):
+    """One new token of one request."""
+
+    request_id: object
+    token_id: int
+    finished: bool
+    finish_reason: str | None  # "stop" | "length" once finished
+
+
+@dataclass(frozen=True)
+class EngineStats:
+    num_running: int
+    num_waiting: int
+    kv_blocks_used: int
+    kv_blocks_free: int
+    num_steps: int
+    num_preemptions: int
+
+
+class LLMEngine:
+    def __init__(self, weights_or_folder: ModelWeights | str | Path,
+                 engine_config: EngineConfig | None = None, executor=None,
+                 eos_token_ids: tuple[int, ...] | None = None):
+        """``executor``: an already built executor (same num_kv_blocks and block_size as the
+        config) instead of ``make_executor(engine_config.executor, ...)``. ``eos_token_ids``:
+        the ids that end a request unless it sets ``ignore_eos``; default: the model config's."""
+        self.weights = (weights_or_folder if isinstance(weights_or_folder, ModelWeights)
+                        else load_weights(weights_or_folder))
+        model = self.weights.config
+        self.config = engine_config or EngineConfig()
+        self.max_model_len = self.config.max_model_len or model.max_position_embeddings
+        if self.max_model_len > model.max_position_embeddings:
+            raise ValueError(f"max_model_len={self.max_model_len} exceeds the model's "
+                             f"max_position_embeddings={model.max_position_embeddings}")
+        self.executor = (executor if executor is not None
+                         else make_executor(self.config.executor, self.weights, self.config))
+        eos = model.eos_token_ids if eos_token_ids is None else eos_token_ids
+        self.scheduler = Scheduler(self.config, self.max_model_len, eos)
+        self.requests: dict[object, Sequence] = {}  # unfinished requests by request id
+        self._next_seq_id = itertools.count()
+        self.num_steps = 0
+
+    def add_request(self, prompt_token_ids, params: SamplingParams | None = None,
+                    request_id=None):
+        """Queue a request; returns its id (``request_id``, or a fresh integer). ValueError for a
+        request that is malformed or could never fit."""
+        params = params or SamplingParams()
+        seq_id = next(self._next_seq_id)
+        request_id = seq_id if request_id is None else request_id
+        prompt = [int(t) for t in prompt_token_ids]
+        if not prompt:
+            raise ValueError(f"request {request_id!r}: the prompt is empty")
+        vocab = self.weights.config.vocab_size
+        bad = [t for t in prompt if not 0 <= t < vocab]
+        if bad:
+            raise ValueError(f"request {request_id!r}: token id(s) {bad[:5]} outside the "
+                             f"vocabulary [0, {vocab})")
+        if request_id in self.requests:
+            raise ValueError(f"request id {request_id!r} is already in use")
+        seq = Sequence(seq_id, prompt, params, request_id)
+        self.scheduler.add(seq)
+        self.requests[seq.request_id] = seq
+        return seq.request_id
+
+    def step(self) -> list[StepOutput]:
+        """Run one step; the new tokens, one per request that produced one."""
+        batch, scheduled = self.scheduler.schedule()
+        if batch is None:
+            return []
+        sampled = self.executor.step(batch)  # (S,) int32
+        produced = self.scheduler.postprocess(scheduled, sampled, now=time.monotonic())
+        self.num_steps += 1
+        for seq in produced:
+            if seq.is_finished:
+                del self.requests[seq.request_id]
+        return [StepOutput(s.request_id, s.output_token_ids[-1], s.is_finished, s.finish_reason)
+                for s in produced]
+
+    def abort(self, request_id) -> bool:
+        """Cancel an unfinished request and free its blocks; False if there is no such request."""
+        seq = self.requests.pop(request_id, None)
+        if seq is None:
+            return False
+        self.scheduler.abort(seq)
+        return True
+
+    def has_unfinished(self) -> bool:
+        return self.scheduler.has_unfinished()
+
+    def stats(self) -> EngineStats:
+        blocks = self.scheduler.block_manager
+        return EngineStats(num_running=len(self.scheduler.running),
+                           num_waiting=len(self.scheduler.waiting),
+                           kv_blocks_used=blocks.num_blocks - blocks.num_free,
+                           kv_blocks_free=blocks.num_free, num_steps=self.num_steps,
+                           num_preemptions=self.scheduler.num_preemptions)

@@ -1,0 +1,206 @@
+"""The scheduler: who runs this step, how many tokens each, and what happens to their tokens.
+
+DESIGN.md §2 ("step = model forward over a flat batch of tokens (prefill chunks + decodes)") and
+§6 (FCFS with passive preemption by recompute, the baseline SuperInfer's RotaSched improves on);
+Blink §3 ("FCFS scheduling ... continuous batching with inline prefill"); nano-vllm's and vLLM
+v1's schedulers. Pure Python: it decides and keeps books, it never runs the model.
+
+One step, in order:
+
+1. **Decodes first.** Every RUNNING sequence that needs one token (its last sampled one) gets
+   it, oldest first, each costing 1 token of the budget ``max_num_batched_tokens``. When the KV
+   pool has no block for it, the *most recently admitted* running sequence is **preempted by
+   recompute** (vLLM v1): its blocks are freed and it goes back to the *front* of the waiting
+   queue, keeping its generated tokens. Later it re-fills the cache from prompt + generated tokens
+   and continues; its seed and counter are unchanged, so it samples exactly what it would have.
+2. **Then prompts, FCFS (chunked prefill).** What is left of the budget goes to prompts: first a
+   running sequence still part-way through its prompt, then the waiting queue in order. A prompt
+   longer than the budget is cut into chunks over several steps; a step that covers only part of
+   a prompt samples nothing for it. A step that had to preempt admits no new sequences.
+
+Decodes and prompt chunks travel in ONE ``StepBatch`` (inline prefill: no separate prefill step).
+
+After the executor returns one sampled token per scheduled sequence, ``postprocess`` records
+what was written to the cache, appends tokens, applies the stop rules and frees the blocks of
+finished sequences.
+
+Why this cannot get stuck: admission takes blocks only for the chunk it schedules, and at most one
+running sequence is ever part-way through its prompt — the last one admitted, because a prompt is
+cut only when the budget runs out. The oldest running sequence always progresses (it preempts
+the newest ones until its block fits), and ``add`` rejects any request that would not fit in the
+whole pool on its own.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+
+import numpy as np
+
+from ..config import EngineConfig
+from ..kv.block_manager import BlockManager, blocks_needed
+from .sequence import Sequence, SequenceStatus
+from .step import StepBatch, pack_step
+
+
+class Scheduler:
+    def __init__(self, config: EngineConfig, max_model_len: int, eos_token_ids=()):
+        self.max_num_seqs = config.max_num_seqs
+        self.max_num_batched_tokens = config.max_num_batched_tokens
+        self.max_model_len = max_model_len
+        self.eos_token_ids = frozenset(eos_token_ids)
+        self.block_manager = BlockManager(config.num_kv_blocks, config.block_size)
+        self.waiting: deque[Sequence] = deque()  # FCFS queue; preempted sequences go to the front
+        self.running: list[Sequence] = []  # in order of admission: the last is preempted first
+        self.num_preemptions = 0
+
+    # --- requests in and out ------------------------------------------------------------------
+    def add(self, seq: Sequence) -> None:
+        """Queue a new sequence; ValueError if it could never run to completion."""
+        longest = seq.num_prompt_tokens + seq.params.max_tokens
+        if longest > self.max_model_len:
+            raise ValueError(f"request {seq.request_id!r}: prompt ({seq.num_prompt_tokens} "
+                             f"tokens) + max_tokens ({seq.params.max_tokens}) = {longest} exceeds "
+                             f"max_model_len={self.max_model_len}")
+        # The last sampled token is never fed back, so K/V is needed for longest - 1 tokens.
+        need = blocks_needed(longest - 1, self.block_manager.block_size)
+        if need > self.block_manager.num_blocks:
+            raise ValueError(f"request {seq.request_id!r}: needs up to {need} KV blocks of "
+                             f"{self.block_manager.block_size} tokens, but the whole pool has "
+                             f"{self.block_manager.num_blocks}; raise num_kv_blocks or lower "
+                             f"max_tokens")
+        self.waiting.append(seq)
+
+    def abort(self, seq: Sequence) -> None:
+        """Cancel a sequence whatever its state; its blocks (if any) go back to the pool."""
+        if seq.is_finished:
+            return
+        if seq in self.running:
+            self.running.remove(seq)
+        else:
+            self.waiting.remove(seq)
+        self._finish(seq, "abort")
+
+    def has_unfinished(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    # --- one step -----------------------------------------------------------------------------
+    def schedule(self) -> tuple[StepBatch | None, list[Sequence]]:
+        """Pick this step's work; (None, []) when there is nothing to run."""
+        scheduled: list[Sequence] = []
+        budget = self.max_num_batched_tokens
+        preemptions_before = self.num_preemptions
+        budget = self._schedule_decodes(scheduled, budget)
+        self._schedule_prompts(scheduled, budget,
+                               admit_new=self.num_preemptions == preemptions_before)
+        assert scheduled or not self.has_unfinished(), "scheduler stalled with work to do"
+        if not scheduled:
+            return None, []
+        return self._pack(scheduled), scheduled
+
+    def _schedule_decodes(self, scheduled: list[Sequence], budget: int) -> int:
+        """Give each running sequence that needs one token its token; returns the budget left."""
+        i = 0
+        while i < len(self.running) and budget > 0:
+            seq = self.running[i]
+            i += 1
+            if not seq.is_decoding:
+                continue  # part-way through its prompt: step 2 continues it
+            if not self._make_room_for_one_token(seq):
+                break  # it preempted itself: nobody after it is left
+            self._schedule_chunk(seq, 1, scheduled)
+            budget -= 1
+        return budget
+
+    def _make_room_for_one_token(self, seq: Sequence) -> bool:
+        """Grow ``seq`` by one token, preempting the newest running sequences until it fits.
+        False if ``seq`` itself had to be preempted."""
+        while not self.block_manager.can_grow(seq.seq_id, seq.num_tokens):
+            victim = self.running.pop()  # the most recently admitted (never one already scheduled)
+            self._preempt(victim)
+            if victim is seq:
+                return False
+        return True
+
+    def _schedule_prompts(self, scheduled: list[Sequence], budget: int, admit_new: bool) -> None:
+        """Fill the rest of the budget with prompt chunks, FCFS, up to the first that cannot run."""
+        for seq in [s for s in self.running if not s.is_decoding]:
+            chunk = self._prompt_chunk(seq, budget)
+            if chunk == 0:
+                return
+            self._schedule_chunk(seq, chunk, scheduled)
+            budget -= chunk
+        while admit_new and self.waiting and len(self.running) < self.max_num_seqs:
+            seq = self.waiting[0]
+            chunk = self._prompt_chunk(seq, budget)
+            if chunk == 0:
+                return
+            self.waiting.popleft()
+            seq.status = SequenceStatus.RUNNING
+            self.running.append(seq)
+            self._schedule_chunk(seq, chunk, scheduled)
+            budget -= chunk
+
+    def _prompt_chunk(self, seq: Sequence, budget: int) -> int:
+        """How many of ``seq``'s uncached tokens to run now: as many as the budget allows, or 0
+        if the KV pool has no room for them."""
+        chunk = min(seq.num_uncached_tokens, budget)
+        fits = self.block_manager.can_grow(seq.seq_id, seq.num_cached_tokens + chunk)
+        return chunk if fits else 0
+
+    def _schedule_chunk(self, seq: Sequence, num_tokens: int, scheduled: list[Sequence]) -> None:
+        self.block_manager.grow(seq.seq_id, seq.num_cached_tokens + num_tokens)
+        seq.num_scheduled_tokens = num_tokens
+        scheduled.append(seq)
+
+    def _preempt(self, seq: Sequence) -> None:
+        """Preemption by recompute: drop its K/V; it keeps its tokens, refills the cache later."""
+        self.block_manager.free(seq.seq_id)
+        seq.num_cached_tokens = 0
+        seq.status = SequenceStatus.PREEMPTED
+        seq.num_preemptions += 1
+        self.waiting.appendleft(seq)
+        self.num_preemptions += 1
+
+    def _pack(self, scheduled: list[Sequence]) -> StepBatch:
+        chunks = [(s.token_ids[s.num_cached_tokens:s.num_cached_tokens + s.num_scheduled_tokens],
+                   s.num_cached_tokens) for s in scheduled]
+        tables = self.block_manager.block_table_array([s.seq_id for s in scheduled])  # (S, W)
+        return pack_step(chunks, tables, [s.params for s in scheduled],
+                         seeds=[s.seed for s in scheduled],
+                         counters=[s.num_output_tokens for s in scheduled])
+
+    # --- after the model ran ------------------------------------------------------------------
+    def postprocess(self, scheduled: list[Sequence], sampled_tokens: np.ndarray,
+                    now: float) -> list[Sequence]:
+        """Record the step: ``sampled_tokens`` (S,) holds one token per scheduled sequence.
+        Returns the sequences that got a new token (some of them now finished)."""
+        produced = []
+        for seq, token in zip(scheduled, sampled_tokens.tolist()):
+            seq.num_cached_tokens += seq.num_scheduled_tokens
+            seq.num_scheduled_tokens = 0
+            self.block_manager.mark_written(seq.seq_id, seq.num_cached_tokens)
+            if seq.num_cached_tokens < seq.num_tokens:
+                continue  # a prompt chunk that did not reach the end: its sample is meaningless
+            seq.append_token(token, now)
+            produced.append(seq)
+            reason = self._finish_reason(seq, token)
+            if reason:
+                self.running.remove(seq)
+                self._finish(seq, reason)
+        return produced
+
+    def _finish_reason(self, seq: Sequence, token: int) -> str | None:
+        """"stop" for a stop token or EOS, "length" at max_tokens (``add`` made sure that
+        prompt + max_tokens fits max_model_len), None to keep going."""
+        if token in seq.params.stop_token_ids or (token in self.eos_token_ids
+                                                  and not seq.params.ignore_eos):
+            return "stop"
+        if seq.num_output_tokens >= seq.params.max_tokens:
+            return "length"
+        return None
+
+    def _finish(self, seq: Sequence, reason: str) -> None:
+        self.block_manager.free(seq.seq_id)
+        seq.status = SequenceStatus.FINISHED
+        seq.finish_reason = reason

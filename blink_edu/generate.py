@@ -1,0 +1,84 @@
+"""``python -m blink_edu.generate``: stream a continuation of a prompt from the bundled model.
+
+The smallest end-to-end path through the project: tokenizer -> engine (scheduler + executor) ->
+incremental detokenizer -> your terminal. With no flags it runs the bundled model (``data/``) on
+whatever this machine has: the GPU kernels on a GPU, the NumPy reference on a CPU.
+
+    python -m blink_edu.generate --prompt "Once upon a time"
+    python -m blink_edu.generate --chat --prompt "Tell me about the sea." --temperature 0.8
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+
+from .backend import describe
+from .config import EXECUTORS, EngineConfig, SamplingParams
+from .engine.llm_engine import LLMEngine
+from .model.bundled import resolve_model_dir
+from .model.tokenizer import Tokenizer
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m blink_edu.generate", description=__doc__.split("\n\n")[0])
+    p.add_argument("--prompt", default="Once upon a time", help="the text to continue")
+    p.add_argument("--model", default=None, help="a Hugging Face model folder (default: the bundled model)")
+    p.add_argument("--chat", action="store_true", help="wrap the prompt in the model's chat template")
+    p.add_argument("--max-tokens", type=int, default=80)
+    p.add_argument("--temperature", type=float, default=0.7, help="0 = greedy")
+    p.add_argument("--top-p", type=float, default=0.95)
+    p.add_argument("--top-k", type=int, default=0)
+    p.add_argument("--seed", type=int, default=None)
+    p.add_argument("--executor", choices=EXECUTORS, default="auto")
+    p.add_argument("--quiet", action="store_true", help="no statistics line on stderr")
+    return p.parse_args(argv)
+
+
+def stop_ids(folder, tokenizer: Tokenizer) -> tuple[int, ...]:
+    """The model config's EOS ids and the tokenizer's, together."""
+    from .config import ModelConfig
+
+    return tuple(dict.fromkeys(ModelConfig.from_folder(folder).eos_token_ids + tokenizer.eos_ids))
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    try:
+        folder = resolve_model_dir(args.model)
+        tokenizer = Tokenizer.from_folder(folder)
+        params = SamplingParams(temperature=args.temperature, top_p=args.top_p, top_k=args.top_k,
+                                max_tokens=args.max_tokens, seed=args.seed)
+        text = (tokenizer.apply_chat_template([{"role": "user", "content": args.prompt}])
+                if args.chat else args.prompt)
+        prompt_ids = tokenizer.encode(text)
+        engine = LLMEngine(folder, EngineConfig(executor=args.executor),
+                           eos_token_ids=stop_ids(folder, tokenizer))
+        request = engine.add_request(prompt_ids, params)
+    except (ValueError, FileNotFoundError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    detok = tokenizer.detokenizer(prompt_ids)
+    print(args.prompt if not args.chat else "", end="", flush=True)
+    start, first, count = time.perf_counter(), None, 0
+    while engine.has_unfinished():
+        for out in engine.step():
+            if out.request_id != request:
+                continue
+            first = first or time.perf_counter()
+            count += 1
+            print(detok.push(out.token_id), end="", flush=True)
+    print(detok.flush())
+    if not args.quiet:
+        total = time.perf_counter() - start
+        first = first or start
+        decode = (total - (first - start)) / max(count - 1, 1)
+        print(f"[{count} tokens in {total:.2f} s; first token {1e3 * (first - start):.0f} ms, "
+              f"then {1 / decode:.0f} tokens/s; executor={engine.executor.name}, {describe()}]",
+              file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
