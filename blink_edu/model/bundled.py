@@ -19,8 +19,9 @@ def resolve_model_dir(folder: str | os.PathLike | None = None) -> Path:
     chosen = folder or os.environ.get(MODEL_ENV) or BUNDLED_DIR
     path = Path(chosen).expanduser()
     if not (path / "config.json").is_file():
-        how = ("named explicitly" if folder else f"from ${MODEL_ENV}" if os.environ.get(MODEL_ENV)
-               else "the bundled model (run from a source checkout: pip install -e .)")
+        how = ("the folder you named" if folder else f"the folder named by ${MODEL_ENV}"
+               if os.environ.get(MODEL_ENV) else
+               "the bundled model's folder (it lives in a source checkout: pip install -e .)")
         raise FileNotFoundError(f"{path}: not a Hugging Face model folder (no config.json); "
-                                f"model {how}")
+                                f"this is {how}")
     return path

@@ -181,7 +181,8 @@ def generate(weights: ModelWeights, prompts: list[list[int]], params, *, block_s
     per_seq = list(params) if isinstance(params, (list, tuple)) else [params] * len(prompts)
     if len(per_seq) != len(prompts):
         raise ValueError(f"{len(per_seq)} SamplingParams for {len(prompts)} prompts")
-    seeds = [p.seed if p.seed is not None else int(np.random.randint(2**31)) for p in per_seq]
+    fresh = np.random.default_rng()  # only for requests without a seed
+    seeds = [p.seed if p.seed is not None else int(fresh.integers(2**31)) for p in per_seq]
     stops = [set(p.stop_token_ids) | (set() if p.ignore_eos else set(config.eos_token_ids))
              for p in per_seq]
     for i, prompt in enumerate(prompts):
