@@ -40,6 +40,9 @@ ROWS_PER_ITEM = THREADS // LANES  # output rows one block computes per GEMV work
 TILE = 32  # tiled path: TILE tokens x TILE outputs per work item, TILE-wide k steps
 PER_THREAD = TILE * TILE // THREADS  # outputs each thread accumulates in the tiled path
 TY_STEP = THREADS // TILE
+# Shared-array shapes must be compile-time constants: Numba reads a global tuple as one.
+PARTIALS_SHAPE = (GEMV_MAX_ROWS, THREADS)
+TILE_SHAPE = (TILE, TILE + 1)  # one spare column per row: no shared-memory bank conflicts
 
 
 @cuda.jit(device=True, inline=True)
@@ -52,7 +55,7 @@ def gemv(x, x_rows, norm_w, eps, w, bias, out, accumulate, block, n_blocks):
     O, I = w.shape
     use_norm = norm_w.shape[0] > 0
     inv = cuda.shared.array(GEMV_MAX_ROWS, float32)
-    partials = cuda.shared.array((GEMV_MAX_ROWS, THREADS), float32)
+    partials = cuda.shared.array(PARTIALS_SHAPE, float32)
     acc = cuda.local.array(GEMV_MAX_ROWS, float32)
     if use_norm:  # per-token norm scales, once per block: all R sums in one reduction
         for r in range(R):
@@ -107,8 +110,8 @@ def tiled_matmul(x, x_rows, norm_w, eps, w, bias, out, accumulate, block, n_bloc
     R = x_rows.shape[0]
     O, I = w.shape
     use_norm = norm_w.shape[0] > 0
-    xs = cuda.shared.array((TILE, TILE + 1), float32)  # +1 column: no bank conflicts
-    ws = cuda.shared.array((TILE, TILE + 1), float32)
+    xs = cuda.shared.array(TILE_SHAPE, float32)
+    ws = cuda.shared.array(TILE_SHAPE, float32)
     inv = cuda.shared.array(TILE, float32)
     acc = cuda.local.array(PER_THREAD, float32)
     col_tiles = (O + TILE - 1) // TILE
