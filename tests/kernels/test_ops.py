@@ -12,6 +12,7 @@ from blink_edu.kernels.linear import GEMV_MAX_ROWS, linear_kernel, linear_work_i
 from blink_edu.kernels.reduce import THREADS, cuda, grid_for
 from blink_edu.kernels.rope import rope_and_write_kv_kernel
 from blink_edu.kernels.sampling import sample_rows_kernel
+from blink_edu.kernels.sampling import uniform as ks_uniform
 from blink_edu.model import reference as ref
 from blink_edu.model.sampling import sample, uniform
 
@@ -129,13 +130,19 @@ def test_paged_attention_over_a_ragged_batch(rng, kv_heads):
     assert int(tables.max()) >= 8, "the batch should span many KV blocks"
 
 
-def test_uniform_is_bit_identical_to_the_reference(rng):
-    from blink_edu.kernels import sampling as ks
+@cuda.jit
+def uniform_kernel(seeds, counters, out):
+    i = cuda.grid(1)
+    if i < out.size:
+        out[i] = ks_uniform(seeds[i], counters[i])
 
-    seeds = rng.integers(0, 2**32, size=6, dtype=np.uint64).astype(np.uint32)
-    counters = rng.integers(0, 10_000, size=6).astype(np.int32)
-    got = [ks.uniform(np.uint64(s), np.uint64(c)) for s, c in zip(seeds, counters)]
-    assert [float(g) for g in got] == [uniform(int(s), int(c)) for s, c in zip(seeds, counters)]
+
+def test_uniform_is_bit_identical_to_the_reference(rng):
+    seeds = rng.integers(0, 2**32, size=40, dtype=np.uint64).astype(np.uint32)
+    counters = rng.integers(0, 100_000, size=40).astype(np.int32)
+    out = dev(np.full(40, -1.0, np.float32))
+    uniform_kernel[1, 64](dev(seeds), dev(counters), out)
+    assert out.copy_to_host().tolist() == [uniform(int(s), int(c)) for s, c in zip(seeds, counters)]
 
 
 @pytest.mark.parametrize("case", ["greedy", "temperature", "top_k", "top_p", "top_k+top_p"])

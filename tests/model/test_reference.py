@@ -47,9 +47,12 @@ def test_32_greedy_tokens_match_transformers_generate(checkpoints, arch, rng):
     folder, model = checkpoints[arch]
     weights = load_weights(folder, dtype=np.float64)
     prompt = rng.integers(3, weights.config.vocab_size, size=int(rng.integers(3, 20))).tolist()
+    # No EOS on the HF side either (min_new_tokens would instead mask EOS's logit to -inf).
+    model.generation_config.eos_token_id = None
     with torch.no_grad():
-        hf = model.generate(torch.tensor([prompt]), max_new_tokens=32, min_new_tokens=32,
-                            do_sample=False, pad_token_id=0)[0, len(prompt):].tolist()
+        hf = model.generate(torch.tensor([prompt]), max_new_tokens=32, do_sample=False,
+                            pad_token_id=0)[0, len(prompt):].tolist()
+    assert len(hf) == 32
     ours = ref.generate(weights, [prompt], SamplingParams(temperature=0, max_tokens=32,
                                                           ignore_eos=True))[0]
     assert ours == hf
