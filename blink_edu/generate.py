@@ -69,7 +69,7 @@ def main(argv=None) -> int:
             first = first or time.perf_counter()
             count += 1
             print(detok.push(out.token_id), end="", flush=True)
-    print(detok.flush())
+    print(detok.flush(), flush=True)
     if not args.quiet:
         total = time.perf_counter() - start
         first = first or start
