@@ -103,6 +103,9 @@ def time_executor(executor, batches, prompt_len, steps, vocab, rng) -> list[dict
                "tokens_per_s": batch / tpot, "step_times_us": [t * 1e6 for t in times]}
         if executor.name == "eager":
             row["host_launch_us"] = host_launch_time(executor, batch) * 1e6
+            row["op_gpu_us"] = op_breakdown(executor, batch)
+            ops = ", ".join(f"{k} {v:.0f}" for k, v in sorted(row["op_gpu_us"].items(), key=lambda kv: -kv[1]))
+            print(f"    GPU us per op kind (isolated): {ops}", flush=True)
         run.free()
         rows.append(row)
         print(f"  {executor.name:6s} B={batch:4d}  TPOT {tpot * 1e6:9.1f} us  {batch / tpot:9.0f} tok/s",
@@ -121,6 +124,36 @@ def host_launch_time(executor: EagerExecutor, batch: int) -> float:
         times.append(time.perf_counter() - start)
     executor.synchronize()
     return statistics.median(times)
+
+
+def op_breakdown(executor: EagerExecutor, batch: int, repeats: int = 5) -> dict[str, float]:
+    """GPU microseconds per op kind for one decode step: each kernel timed alone with CUDA events
+    (the stream is drained before and after it), summed over layers, median over repeats."""
+    import cupy
+
+    s_b, t_b = executor.buckets(batch, batch)
+    stream = executor._cupy_stream
+    runs: list[dict[str, float]] = []
+    for _ in range(repeats):
+        totals: dict[str, float] = {}
+        pending: list = []
+
+        def probe(op):
+            if pending:
+                name, start = pending.pop()
+                end = cupy.cuda.Event()
+                end.record(stream)
+                end.synchronize()
+                totals[name] = totals.get(name, 0.0) + cupy.cuda.get_elapsed_time(start, end) * 1e3
+            if op is not None:
+                start = cupy.cuda.Event()
+                start.record(stream)
+                pending.append((op, start))
+
+        executor.synchronize()
+        executor.launch_forward(s_b, t_b, probe)
+        runs.append(totals)
+    return {op: statistics.median(r[op] for r in runs) for op in runs[0]}
 
 
 def graph_gpu_time(executor: GraphExecutor, batch: int) -> float:

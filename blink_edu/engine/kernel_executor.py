@@ -213,33 +213,45 @@ class EagerExecutor:
         self.bucket_views(s_b, t_b)["tokens"].copy_to_host(self.host["tokens"][:s_b], stream=self.stream)
 
     # --- the model, as launches ------------------------------------------------------------
-    def launch_forward(self, s_b: int, t_b: int) -> None:
-        """Every kernel of one step, in order, on ``self.stream``."""
+    def launch_forward(self, s_b: int, t_b: int, probe=None) -> None:
+        """Every kernel of one step, in order, on ``self.stream``. ``probe(op)``, if given, is
+        called before each launch with the op's name and once more with ``None`` at the end:
+        profilers and chapters hook in there (see ``bench/decode.py``'s op breakdown)."""
         cfg, v, st, eps = self.config, self.bucket_views(s_b, t_b), self.stream, np.float32(self.config.rms_norm_eps)
         H, K = cfg.num_heads, cfg.num_kv_heads
         empty = self.final_norm[:0]
+        probe = probe or (lambda op: None)
 
-        def linear(x, rows, norm, w, b, out, accumulate):
+        def linear(op, x, rows, norm, w, b, out, accumulate):
+            probe(op)
             grid = grid_for(linear_work_items(rows.shape[0], w.shape[0]))
             linear_kernel[grid, THREADS, st](x, rows, norm, eps, w, b, out, accumulate)
 
+        probe("embed")
         embed_tokens_kernel[grid_for(t_b), THREADS, st](self.embed, v["token_ids"], v["x"])
         for i, lw in enumerate(self.layers):
-            linear(v["x"], v["rows"], lw.attn_norm, lw.w_qkv, lw.b_qkv, v["qkv"], 0)
+            linear("norm+qkv", v["x"], v["rows"], lw.attn_norm, lw.w_qkv, lw.b_qkv, v["qkv"], 0)
+            probe("rope+kv_write")
             rope_and_write_kv_kernel[grid_for(t_b), THREADS, st](
                 v["qkv"], v["positions"], v["seq_rows"], v["block_tables"], self.cos, self.sin,
                 self.kv_pool, i, H, K)
+            probe("attention")
             paged_attention_kernel[grid_for(t_b * H), THREADS, st](
                 v["qkv"], v["positions"], v["seq_rows"], v["block_tables"], self.kv_pool, i, H, K,
                 v["attn"])
-            linear(v["attn"], v["rows"], empty, lw.w_o, lw.b_o, v["x"], 1)
-            linear(v["x"], v["rows"], lw.mlp_norm, lw.w_gate_up, lw.b_gate_up, v["gate_up"], 0)
+            linear("o_proj+residual", v["attn"], v["rows"], empty, lw.w_o, lw.b_o, v["x"], 1)
+            linear("norm+gate_up", v["x"], v["rows"], lw.mlp_norm, lw.w_gate_up, lw.b_gate_up,
+                   v["gate_up"], 0)
+            probe("swiglu")
             swiglu_kernel[grid_for(t_b), THREADS, st](v["gate_up"], v["act"])
-            linear(v["act"], v["rows"], empty, lw.w_down, lw.b_down, v["x"], 1)
-        linear(v["x"], v["logit_rows"], self.final_norm, self.lm_head, empty, v["logits"], 0)
+            linear("down+residual", v["act"], v["rows"], empty, lw.w_down, lw.b_down, v["x"], 1)
+        linear("norm+lm_head", v["x"], v["logit_rows"], self.final_norm, self.lm_head, empty,
+               v["logits"], 0)
+        probe("sample")
         sample_rows_kernel[grid_for(s_b), THREADS, st](
             v["logits"], v["temperature"], v["top_p"], v["top_k"], v["seeds"], v["counters"],
             v["tokens"])
+        probe(None)
 
     def run_bucket(self, s_b: int, t_b: int) -> None:
         self.copy_inputs(s_b, t_b)

@@ -46,6 +46,16 @@ TILE_SHAPE = (TILE, TILE + 1)  # one spare column per row: no shared-memory bank
 
 
 @cuda.jit(device=True, inline=True)
+def store(out, r, o, y, bias, accumulate):
+    """The epilogue both paths share: add the bias, add onto ``out`` (the residual) or replace it."""
+    if bias.shape[0] > 0:
+        y += bias[o]
+    if accumulate:
+        y += out[r, o]
+    out[r, o] = y
+
+
+@cuda.jit(device=True, inline=True)
 def gemv(x, x_rows, norm_w, eps, w, bias, out, accumulate, block, n_blocks):
     """out[r, :] (+)= rms_norm?(x[x_rows[r]]) @ w.T + bias for r < R <= GEMV_MAX_ROWS."""
     tid = cuda.threadIdx.x
@@ -57,7 +67,7 @@ def gemv(x, x_rows, norm_w, eps, w, bias, out, accumulate, block, n_blocks):
     inv = cuda.shared.array(GEMV_MAX_ROWS, float32)
     partials = cuda.shared.array(PARTIALS_SHAPE, float32)
     acc = cuda.local.array(GEMV_MAX_ROWS, float32)
-    if use_norm:  # per-token norm scales, once per block: all R sums in one reduction
+    if use_norm:  # per-token norm scales, computed once per block (not once per item)
         for r in range(R):
             acc[r] = 0
             for i in range(tid, I, THREADS):
@@ -92,12 +102,7 @@ def gemv(x, x_rows, norm_w, eps, w, bias, out, accumulate, block, n_blocks):
             stride //= 2
         if lane == 0 and o < O:
             for r in range(R):
-                y = partials[r, tid] * inv[r]
-                if bias.shape[0] > 0:
-                    y += bias[o]
-                if accumulate:
-                    y += out[r, o]
-                out[r, o] = y
+                store(out, r, o, partials[r, tid] * inv[r], bias, accumulate)
         cuda.syncthreads()
 
 
@@ -153,12 +158,7 @@ def tiled_matmul(x, x_rows, norm_w, eps, w, bias, out, accumulate, block, n_bloc
         for m in range(PER_THREAD):
             r = r0 + ty + m * TY_STEP
             if r < R and o < O:
-                y = acc[m] * inv[ty + m * TY_STEP]
-                if bias.shape[0] > 0:
-                    y += bias[o]
-                if accumulate:
-                    y += out[r, o]
-                out[r, o] = y
+                store(out, r, o, acc[m] * inv[ty + m * TY_STEP], bias, accumulate)
         cuda.syncthreads()
 
 
