@@ -72,3 +72,14 @@ def test_bucket_table_is_a_padding_lookup():
     assert all(s <= t for s, t in table.all_buckets())
     with pytest.raises(ValueError, match="exceeds the largest bucket"):
         table(9, 9)
+
+
+def test_graph_executor_needs_a_gpu_and_says_so(checkpoints):
+    from blink_edu.backend import get_backend
+
+    if not get_backend().is_simulator:
+        pytest.skip("on a GPU the graph executor is exercised by the tests above")
+    weights = load_weights(checkpoints["llama"][0])
+    with pytest.raises(RuntimeError, match="graph executor needs a GPU"):
+        LLMEngine(weights, EngineConfig(executor="graph", num_kv_blocks=4, max_num_seqs=1,
+                                        max_num_batched_tokens=4, max_model_len=16))
