@@ -1,0 +1,128 @@
+"""The engine's side of the ring: a host loop standing in for Blink's persistent GPU scheduler.
+
+Blink §3 ("Control loop: scan ring buffer -> claim via atomic CAS -> select/launch CUDA graph ->
+poll for completion -> publish tokens") and DESIGN.md §2. This is that loop in Python, driving an
+``LLMEngine``; issue 5 moves the same loop into a GPU kernel that never returns. One iteration:
+
+    heartbeat += 1
+    if doorbell moved:  scan PREFILL_PENDING slots, oldest arrival first;
+                        cas -> PREFILL_PROCESSING; engine.add_request(..., request_id=slot)
+    for each live slot with its cancel flag up:  engine.abort(slot), complete it with "abort"
+    engine.step()  ->  publish each new token: arena first, then `generated` (then the state)
+
+The engine uses the slot number as its request id: a slot holds one request at a time. A slot
+whose payload is invalid (a token id outside the vocabulary, a size out of range, bad sampling
+parameters) is completed at once with finish reason "error"; nothing else is affected.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import numpy as np
+
+from ..config import SamplingParams
+from ..ring.layout import (DECODE_COMPLETED, DECODE_PROCESSING, FINISH_CODES, PREFILL_PENDING,
+                           PREFILL_PROCESSING, Ring)
+from .llm_engine import LLMEngine, StepOutput
+
+
+class RingEngineLoop:
+    def __init__(self, ring: Ring, engine: LLMEngine, idle_sleep_s: float = 1e-4):
+        self.ring = ring
+        self.engine = engine
+        self.idle_sleep_s = idle_sleep_s  # how long `run` naps when an iteration found no work
+        self.live: set[int] = set()  # slots claimed and not yet completed
+        self._doorbell_seen = 0
+
+    def run(self, stop_event: threading.Event) -> None:
+        """Iterate until ``stop_event`` is set (a GPU kernel would poll a stop flag instead)."""
+        while not stop_event.is_set():
+            if not self.run_once():
+                stop_event.wait(self.idle_sleep_s)
+
+    def run_once(self) -> bool:
+        """One iteration of the scheduler loop; True if it did any work."""
+        self.ring.engine_heartbeat[...] += 1  # only the engine writes it: no atomic needed
+        admitted = self._admit()
+        cancelled = self._cancel()
+        outputs = self.engine.step() if self.engine.has_unfinished() else []
+        for out in outputs:
+            self._publish(out)
+        return bool(admitted or cancelled or outputs)
+
+    # --- scan and claim ----------------------------------------------------------------------
+    def _admit(self) -> int:
+        """Claim every PREFILL_PENDING slot, oldest first, if a frontend rang since last time."""
+        doorbell = int(self.ring.doorbell)  # read before scanning: a later ring means a rescan
+        if doorbell == self._doorbell_seen:
+            return 0
+        self._doorbell_seen = doorbell
+        pending = np.flatnonzero(self.ring.state == PREFILL_PENDING)  # (k,) slot numbers
+        pending = pending[np.argsort(self.ring.arrival_ns[pending], kind="stable")]
+        claimed = 0
+        for slot in pending.tolist():
+            if self.ring.cas(slot, PREFILL_PENDING, PREFILL_PROCESSING):
+                self.ring.claim_ns[slot] = time.monotonic_ns()
+                self._start(slot)
+                claimed += 1
+        return claimed
+
+    def _start(self, slot: int) -> None:
+        """Hand a claimed slot's request to the engine, or complete it with "error"."""
+        try:
+            prompt, params = self._read_request(slot)
+            self.engine.add_request(prompt, params, request_id=slot)
+        except ValueError:  # a bad payload: this slot fails, the loop goes on
+            self._complete(slot, "error")
+            return
+        self.live.add(slot)
+
+    def _read_request(self, slot: int) -> tuple[list[int], SamplingParams]:
+        """The request in ``slot``, checked against the ring's sizes (the frontend is not
+        trusted: a bad payload must not overrun an arena). ValueError if it is invalid."""
+        ring, layout = self.ring, self.ring.layout
+        n, max_tokens = int(ring.prompt_len[slot]), int(ring.max_tokens[slot])
+        if not 1 <= n <= layout.max_prompt_tokens:
+            raise ValueError(f"slot {slot}: prompt_len={n} out of range")
+        if not 1 <= max_tokens <= layout.max_output_tokens:
+            raise ValueError(f"slot {slot}: max_tokens={max_tokens} out of range")
+        seed = int(ring.seed[slot])
+        params = SamplingParams(  # raises ValueError for bad values
+            temperature=float(ring.temperature[slot]), top_p=float(ring.top_p[slot]),
+            top_k=int(ring.top_k[slot]), max_tokens=max_tokens,
+            seed=None if seed < 0 else seed,
+            stop_token_ids=tuple(int(t) for t in ring.stop_ids[slot] if t >= 0),
+            ignore_eos=bool(ring.ignore_eos[slot]))
+        return ring.prompt_tokens[slot, :n].tolist(), params
+
+    # --- cancel and publish ------------------------------------------------------------------
+    def _cancel(self) -> int:
+        """Abort every live request whose frontend raised its cancel flag."""
+        cancelled = [slot for slot in self.live if self.ring.cancel[slot]]
+        for slot in cancelled:
+            self.engine.abort(slot)
+            self._complete(slot, "abort")
+        return len(cancelled)
+
+    def _publish(self, out: StepOutput) -> None:
+        """Make one new token visible: the arena, then the counter, then the state."""
+        ring, slot = self.ring, out.request_id
+        n = int(ring.generated[slot])
+        ring.output_tokens[slot, n] = out.token_id
+        now = time.monotonic_ns()
+        ring.last_token_ns[slot] = now
+        if n == 0:
+            ring.first_token_ns[slot] = now
+        ring.generated[slot] = n + 1  # the frontend reads up to here: the token is written
+        if n == 0:
+            ring.advance(slot, PREFILL_PROCESSING, DECODE_PROCESSING)
+        if out.finished:
+            self._complete(slot, out.finish_reason)
+
+    def _complete(self, slot: int, reason: str) -> None:
+        """Finish a slot: the reason first, then the state the frontend polls for."""
+        self.live.discard(slot)
+        self.ring.finish_reason[slot] = FINISH_CODES[reason]
+        self.ring.advance(slot, int(self.ring.state[slot]), DECODE_COMPLETED)  # frontend's now
