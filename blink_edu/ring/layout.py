@@ -52,6 +52,7 @@ import fcntl
 import os
 import tempfile
 import threading
+import multiprocessing
 from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import cached_property
@@ -218,10 +219,11 @@ class Ring:
     def attach(cls, name: str) -> "Ring":
         """The ring that another process created as ``name``."""
         shm = SharedMemory(name=name)
-        if shm.name not in _CREATED_HERE:
+        if shm.name not in _CREATED_HERE and multiprocessing.parent_process() is None:
             # Python < 3.13 registers even an *attached* block with this process's resource
             # tracker, which would destroy the ring when this process exits. Only the creator
-            # owns it (see unlink).
+            # owns it (see unlink). A multiprocessing child shares its parent's tracker, where the
+            # creator's registration must stay (it unlinks the ring if the creator is killed).
             resource_tracker.unregister(shm._name, "shared_memory")
         return cls(shm.buf, None, lock_path_for(shm.name), shm)
 

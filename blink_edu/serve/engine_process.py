@@ -1,0 +1,81 @@
+"""The engine's process: attach the ring by name, load the model, run the scheduler loop.
+
+Blink §3 ("Host loads model + captures CUDA graphs at startup, then exits") and DESIGN.md §2, §8.
+This is the process standing in for the GPU side: it is started with ``multiprocessing``'s
+*spawn* method (a fresh interpreter, nothing inherited from the frontend) and receives only the
+ring's name, the model folder and the ``EngineConfig``. From then on it talks to the frontend
+only through the ring: it never sees an HTTP request, and the frontend never sees the engine.
+
+One extra, one-way telemetry channel exists besides the ring: ``EngineStatsBoard``, a few
+integers in shared memory (KV blocks used and free, running and waiting requests, steps) that
+the engine overwrites after every iteration and the frontend reads for ``/metrics`` and
+``/health``. The ring has no field for them; the board carries no requests and no tokens.
+It is written without a lock, so a reader may mix fields of two consecutive iterations: fine for
+telemetry, not for bookkeeping.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import signal
+import sys
+import time
+
+STATS_FIELDS = ("kv_blocks_used", "kv_blocks_free", "num_running", "num_waiting", "num_steps",
+                "num_preemptions", "published")
+
+
+class EngineStatsBoard:
+    """``EngineStats`` in shared memory: the engine writes, the frontend reads.
+    ``published`` = 0 until the engine's first write (the frontend then knows nothing yet)."""
+
+    def __init__(self, ctx=None):
+        ctx = ctx or multiprocessing.get_context("spawn")
+        self.values = ctx.RawArray("q", len(STATS_FIELDS))  # (len(STATS_FIELDS),) int64
+
+    def publish(self, stats) -> None:
+        for i, name in enumerate(STATS_FIELDS[:-1]):
+            self.values[i] = getattr(stats, name)
+        self.values[-1] = 1
+
+    def read(self) -> dict[str, int] | None:
+        """The latest stats by name, or None before the engine's first write."""
+        snapshot = dict(zip(STATS_FIELDS, self.values[:]))
+        return snapshot if snapshot.pop("published") else None
+
+
+def run_engine(ring_name: str, model_dir: str, engine_config, stop, board: EngineStatsBoard,
+               idle_sleep_s: float = 1e-4) -> None:
+    """The engine process's main function (the target of ``multiprocessing.Process``).
+    Runs until ``stop.value`` becomes nonzero or the frontend process is gone.
+
+    ``stop`` is a plain shared integer (``RawValue``), not a ``multiprocessing.Event``: an Event
+    hides a lock, and an engine killed while holding it (in ``wait``) would leave the frontend
+    blocked forever in ``set``. A flag in shared memory cannot be left locked."""
+    # Ctrl-C (and `kill` of a process group) reach every process of the group; the frontend
+    # decides when we stop, after it has drained its requests. (An orphan stops by itself.)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    from ..backend import describe  # imported here: this is the only process that runs kernels
+    from ..engine.llm_engine import LLMEngine
+    from ..engine.ring_loop import RingEngineLoop
+    from ..generate import stop_ids
+    from ..model.tokenizer import Tokenizer
+    from ..ring.layout import Ring
+
+    ring = Ring.attach(ring_name)
+    try:
+        engine = LLMEngine(model_dir, engine_config,
+                           eos_token_ids=stop_ids(model_dir, Tokenizer.from_folder(model_dir)))
+        print(f"blink_edu.serve engine: executor={engine.executor.name}, {describe()}, "
+              f"{engine_config.num_kv_blocks} KV blocks x {engine_config.block_size} tokens, "
+              f"max_num_seqs={engine_config.max_num_seqs}", file=sys.stderr, flush=True)
+        loop = RingEngineLoop(ring, engine, idle_sleep_s=idle_sleep_s)
+        parent = multiprocessing.parent_process()
+        while not stop.value and parent.is_alive():  # an orphaned engine must not spin on
+            worked = loop.run_once()
+            board.publish(engine.stats())
+            if not worked:
+                time.sleep(idle_sleep_s)
+    finally:
+        ring.close()

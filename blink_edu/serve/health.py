@@ -1,0 +1,61 @@
+"""Is the engine alive? The frontend's answer, from outside: the process and the ring's heartbeat.
+
+Blink §3 and DESIGN.md §2: the frontend cannot ask the engine anything (it only shares the ring),
+so it watches two signs of life. The engine adds one to the ring's ``engine_heartbeat`` on every
+loop iteration (busy or idle); the operating system says whether its process still exists.
+
+    state       meaning                                         GET /health
+    starting    heartbeat still 0: the model is loading          503
+    ready       heartbeat moved within the last stall_after_s    200
+    stalled     process alive, heartbeat frozen (a hung step)    503
+    dead        the engine process exited                        503, in-flight requests fail
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+
+
+class EngineWatch:
+    def __init__(self, ring, is_alive: Callable[[], bool],
+                 stats: Callable[[], dict[str, int] | None] = lambda: None,
+                 stall_after_s: float = 10.0, pid: int | None = None):
+        self.ring = ring
+        self.pid = pid  # the engine's process id, shown by /health
+        self.is_alive = is_alive
+        self.stats = stats  # the engine's EngineStats as a dict (EngineStatsBoard.read)
+        self.stall_after_s = stall_after_s
+        self.state = "starting"
+        self._beat, self._beat_at = 0, time.monotonic()
+
+    def refresh(self) -> str:
+        """Look again; returns (and stores) the new state. A dead engine stays dead."""
+        if self.state == "dead" or not self.is_alive():
+            self.state = "dead"
+            return self.state
+        beat, now = int(self.ring.engine_heartbeat), time.monotonic()
+        if beat != self._beat:
+            self._beat, self._beat_at = beat, now
+        if beat == 0:
+            self.state = "starting"
+        else:
+            self.state = "stalled" if now - self._beat_at > self.stall_after_s else "ready"
+        return self.state
+
+    @property
+    def alive(self) -> bool:
+        return self.state != "dead"
+
+    def kv_blocks(self) -> tuple[int, int] | None:
+        """(used, total) KV blocks, or None until the engine has reported them."""
+        stats = self.stats()
+        if stats is None:
+            return None
+        return stats["kv_blocks_used"], stats["kv_blocks_used"] + stats["kv_blocks_free"]
+
+    async def run(self, period_s: float = 0.05) -> None:
+        while True:
+            self.refresh()
+            await asyncio.sleep(period_s)

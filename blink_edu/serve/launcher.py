@@ -1,0 +1,123 @@
+"""Start the two halves and wire them together: the engine process, the ring, the HTTP frontend.
+
+Blink §3 ("Host loads model + captures CUDA graphs at startup, then exits") and DESIGN.md §2, §8.
+The lifecycle of ``python -m blink_edu.serve``:
+
+    1. create the ring in shared memory (this process owns it and will unlink it)
+    2. spawn the engine process, handing it the ring's *name* and the EngineConfig
+    3. serve HTTP (uvicorn) in this process; /health answers 503 until the engine's heartbeat moves
+    4. SIGINT / SIGTERM: stop accepting connections, let in-flight requests finish (at most
+       ``drain_s`` seconds), then tell the engine to stop, wait for it, unlink the ring
+
+The frontend and the engine share nothing but the ring (and the one-way stats board, see
+``engine_process.py``), so the same frontend could drive an engine in another process, on a
+GPU, or — in Blink — a persistent kernel that polls the ring from device memory.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import signal
+from contextlib import contextmanager
+from pathlib import Path
+
+import uvicorn
+
+from ..config import EngineConfig, ModelConfig
+from ..model.bundled import BUNDLED_DIR, resolve_model_dir
+from ..model.tokenizer import Tokenizer
+from ..ring.client import RingClient
+from ..ring.layout import Ring, RingLayout
+from .app import ServeSettings, create_app
+from .engine_process import EngineStatsBoard, run_engine
+from .health import EngineWatch
+
+
+class EngineProcess:
+    """The engine, in a spawned process, and the shared-memory ring it serves."""
+
+    def __init__(self, model_dir: Path, engine_config: EngineConfig, layout: RingLayout):
+        ctx = multiprocessing.get_context("spawn")  # a fresh interpreter: nothing shared by chance
+        self.ring = Ring.create(layout)
+        self.board = EngineStatsBoard(ctx)
+        self.stop_flag = ctx.RawValue("i", 0)  # set to 1 to stop the engine (see run_engine)
+        self.process = ctx.Process(
+            target=run_engine, name="blink_edu-engine", daemon=True,
+            args=(self.ring.name, str(model_dir), engine_config, self.stop_flag, self.board))
+
+    def start(self) -> EngineWatch:
+        self.process.start()
+        return EngineWatch(self.ring, self.process.is_alive, self.board.read,
+                           pid=self.process.pid)
+
+    def stop(self, timeout_s: float = 10.0) -> None:
+        """Ask the engine to stop; force it after ``timeout_s``; then destroy the ring."""
+        self.stop_flag.value = 1
+        self.process.join(timeout_s)
+        if self.process.is_alive():
+            self.process.kill()
+            self.process.join()
+        self.ring.close()
+        self.ring.unlink()
+
+
+class DrainingServer(uvicorn.Server):
+    """uvicorn, minus one habit: after its graceful shutdown it re-raises the signal it caught,
+    which would kill this process before the engine is stopped and the ring unlinked (and make
+    the exit status "killed by SIGTERM" instead of 0). We catch the signals and keep them."""
+
+    @contextmanager
+    def capture_signals(self):
+        handled = (signal.SIGINT, signal.SIGTERM)
+        previous = {sig: signal.signal(sig, self.handle_exit) for sig in handled}
+        try:
+            yield
+        finally:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+
+
+def serve(args) -> int:
+    """Run the server described by ``__main__``'s flags until a signal stops it."""
+    folder = resolve_model_dir(args.model)
+    model = ModelConfig.from_folder(folder)
+    tokenizer = Tokenizer.from_folder(folder)
+    engine_config = EngineConfig(executor=args.executor, num_kv_blocks=args.kv_blocks,
+                                 max_num_seqs=args.max_num_seqs)
+    # A request must fit the model's context and, alone, the KV pool.
+    max_model_len = min(model.max_position_embeddings,
+                        engine_config.num_kv_blocks * engine_config.block_size)
+    layout = RingLayout(num_slots=args.ring_slots, max_prompt_tokens=max_model_len,
+                        max_output_tokens=max_model_len)
+    settings = ServeSettings(
+        model_name=args.served_model_name or default_model_name(folder),
+        max_model_len=max_model_len, max_output_tokens=layout.max_output_tokens,
+        vocab_size=model.vocab_size, max_queue=args.max_queue or layout.num_slots,
+        api_key=args.api_key)
+    engine = EngineProcess(folder, engine_config, layout)
+    try:
+        watch = engine.start()
+        app = create_app(RingClient(engine.ring), tokenizer, settings, watch)
+        server = DrainingServer(uvicorn.Config(
+            app, host=args.host, port=args.port, log_level=args.log_level, access_log=False,
+            timeout_graceful_shutdown=args.drain_timeout))
+        print(banner(args, settings, folder, layout, engine), flush=True)
+        server.run()
+    finally:
+        engine.stop()
+    return 0
+
+
+def default_model_name(folder: Path) -> str:
+    return "blink-edu-7m" if folder.resolve() == BUNDLED_DIR.resolve() else folder.name
+
+
+def banner(args, settings: ServeSettings, folder: Path, layout: RingLayout,
+           engine: EngineProcess) -> str:
+    megabytes = layout.nbytes / 2**20
+    return (f"blink_edu.serve: listening on http://{args.host}:{args.port} "
+            f"(OpenAI API under /v1; /health, /metrics)\n"
+            f"  model {settings.model_name!r} from {folder} (context {settings.max_model_len})\n"
+            f"  ring {engine.ring.name}: {layout.num_slots} slots, {megabytes:.1f} MiB; "
+            f"engine process {engine.process.pid} (executor {args.executor}: it prints its "
+            f"backend when loaded)")

@@ -1,0 +1,175 @@
+"""The OpenAI wire format, as Pydantic models: what a client may send and what we send back.
+
+Blink §3 ("HTTP parsing/validation" is the DPU frontend's first job) and DESIGN.md §2. Requests
+are validated in *strict* JSON mode, so ``"max_tokens": "16"`` is an error rather than a silent
+conversion: a frontend that guesses what a client meant hides the client's bug. Unknown fields
+are ignored, as OpenAI does. Parameters we cannot honour (``n > 1``, ``logprobs``, ``echo``)
+are rejected by name instead of being ignored.
+
+Extensions beyond OpenAI's schema, as vLLM spells them: ``top_k`` (0 or -1 = off) and
+``ignore_eos`` (keep generating past the end-of-sequence token, for benchmarks).
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+# --- requests ------------------------------------------------------------------------------------
+
+
+class StreamOptions(BaseModel):
+    model_config = ConfigDict(strict=True)
+    include_usage: bool = False  # one last chunk, before [DONE], that carries `usage`
+
+
+class SamplingFields(BaseModel):
+    """The fields both endpoints share. Ranges follow OpenAI's API reference."""
+
+    model_config = ConfigDict(strict=True)
+
+    model: str | None = None  # None: the one model this server runs
+    temperature: float = Field(1.0, ge=0, le=2)  # 0 = greedy
+    top_p: float = Field(1.0, gt=0, le=1)
+    top_k: int = Field(0, ge=-1)  # extension; 0 or -1 = off
+    seed: int | None = Field(None, ge=0, lt=2**63)
+    n: int = 1
+    stop: str | list[str] | None = None
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    ignore_eos: bool = False  # extension
+    logprobs: bool | int | None = None  # not supported: rejected when set
+
+    def stop_strings(self) -> list[str]:
+        return [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
+
+
+class CompletionRequest(SamplingFields):
+    """POST /v1/completions. ``prompt``: text, or token ids, or a list of one text."""
+
+    prompt: str | list[int] | list[str]
+    max_tokens: int | None = 16  # OpenAI's default for completions
+    echo: bool = False  # not supported: rejected when true
+
+
+class TextPart(BaseModel):
+    model_config = ConfigDict(strict=True)
+    type: Literal["text"]
+    text: str
+
+
+class ChatMessage(BaseModel):
+    model_config = ConfigDict(strict=True)
+    role: str  # the tokenizer's chat template checks it (system | user | assistant | tool)
+    content: str | list[TextPart] | None = None
+    name: str | None = None
+
+    def as_template_dict(self) -> dict:
+        """The message as a chat template reads it: content parts joined into one string."""
+        content = self.content
+        if isinstance(content, list):
+            content = "".join(part.text for part in content)
+        return {"role": self.role, "content": content, "name": self.name}
+
+
+class ChatCompletionRequest(SamplingFields):
+    """POST /v1/chat/completions. Without a max: as many tokens as the context leaves."""
+
+    messages: list[ChatMessage]
+    max_tokens: int | None = None  # deprecated by OpenAI in favour of max_completion_tokens
+    max_completion_tokens: int | None = None
+
+
+# --- responses -----------------------------------------------------------------------------------
+
+
+class Usage(BaseModel):
+    prompt_tokens: int
+    completion_tokens: int
+    total_tokens: int
+
+
+class CompletionChoice(BaseModel):
+    index: int = 0
+    text: str
+    finish_reason: str | None = None  # "stop" | "length"; None in a chunk that is not the last
+    logprobs: None = None
+
+
+class CompletionResponse(BaseModel):
+    """Both the whole answer (``object="text_completion"``) and each streamed chunk: OpenAI uses
+    the same shape and the same ``object`` for the two."""
+
+    id: str
+    object: Literal["text_completion"] = "text_completion"
+    created: int
+    model: str
+    choices: list[CompletionChoice]
+    usage: Usage | None = None
+
+
+class ChatMessageOut(BaseModel):
+    role: Literal["assistant"] = "assistant"
+    content: str
+
+
+class ChatChoice(BaseModel):
+    index: int = 0
+    message: ChatMessageOut
+    finish_reason: str
+
+
+class ChatCompletionResponse(BaseModel):
+    id: str
+    object: Literal["chat.completion"] = "chat.completion"
+    created: int
+    model: str
+    choices: list[ChatChoice]
+    usage: Usage
+
+
+class ChatDelta(BaseModel):
+    role: Literal["assistant"] | None = None  # only in the first chunk
+    content: str | None = None
+
+
+class ChatChunkChoice(BaseModel):
+    index: int = 0
+    delta: ChatDelta
+    finish_reason: str | None = None
+
+
+class ChatCompletionChunk(BaseModel):
+    id: str
+    object: Literal["chat.completion.chunk"] = "chat.completion.chunk"
+    created: int
+    model: str
+    choices: list[ChatChunkChoice]
+    usage: Usage | None = None
+
+
+class ModelCard(BaseModel):
+    id: str
+    object: Literal["model"] = "model"
+    created: int
+    owned_by: str = "blink_edu"
+    max_model_len: int
+
+
+class ModelList(BaseModel):
+    object: Literal["list"] = "list"
+    data: list[ModelCard]
+
+
+class ErrorBody(BaseModel):
+    message: str
+    type: str
+    param: str | None = None
+    code: str | None = None
+
+
+class ErrorResponse(BaseModel):
+    """OpenAI's error shape: ``{"error": {"message", "type", "param", "code"}}``."""
+
+    error: ErrorBody
