@@ -86,7 +86,7 @@ def create_app(client: RingClient, tokenizer: Tokenizer, settings: ServeSettings
                watch: EngineWatch) -> FastAPI:
     """The app. ``watch`` says whether the engine lives; its ``run`` and the slot reaper run as
     background tasks for as long as the app is served."""
-    metrics = ServeMetrics(client.occupancy, watch.kv_blocks)
+    metrics = ServeMetrics(client.occupancy, watch.kv_blocks, watch.scheduler_counts)
     reaper = SlotReaper(client)
     request_ids = count(1)
     started = int(time.time())

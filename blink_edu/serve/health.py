@@ -55,6 +55,11 @@ class EngineWatch:
             return None
         return stats["kv_blocks_used"], stats["kv_blocks_used"] + stats["kv_blocks_free"]
 
+    def scheduler_counts(self) -> tuple[int, int] | None:
+        """(running, waiting) as the engine's scheduler counts them, or None until reported."""
+        stats = self.stats()
+        return None if stats is None else (stats["num_running"], stats["num_waiting"])
+
     async def run(self, period_s: float = 0.05) -> None:
         while True:
             self.refresh()

@@ -19,7 +19,8 @@ vllm:e2e_request_latency_seconds          blink_edu:e2e_request_latency_seconds
 vllm:prompt_tokens_total                  blink_edu:prompt_tokens_total
 vllm:generation_tokens_total              blink_edu:generation_tokens_total
 vllm:request_success_total{finished_reason}  blink_edu:request_success_total{finished_reason}
-vllm:num_requests_running / _waiting      blink_edu:num_requests_running / _waiting (ring view)
+vllm:num_requests_running / _waiting      blink_edu:num_requests_running / _waiting (the engine's
+                                          scheduler; slots by state are blink_edu:ring_slots)
 vllm:kv_cache_usage_perc                  blink_edu:kv_cache_usage_perc  (0..1, as vLLM's)
 (none)                                    blink_edu:ring_slots{state}, blink_edu:kv_blocks{kind}
 """
@@ -30,8 +31,7 @@ from collections.abc import Callable
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
-from ..ring.layout import (DECODE_PAUSED, DECODE_PROCESSING, PREFILL_PENDING, PREFILL_PROCESSING,
-                           STATE_NAMES)
+from ..ring.layout import STATE_NAMES
 
 # Buckets in seconds, from vLLM's (a CPU run of a 7M model lives in the low buckets).
 TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5,
@@ -41,16 +41,14 @@ ITL_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0
 E2E_BUCKETS = (0.01, 0.05, 0.1, 0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0,
                40.0, 50.0, 60.0, 120.0)
 
-RUNNING = (PREFILL_PROCESSING, DECODE_PROCESSING)  # claimed by the engine
-WAITING = (PREFILL_PENDING, DECODE_PAUSED)  # handed over but not running
-
-
 class ServeMetrics:
     """Every metric in its own registry (so several apps can live in one test process).
-    ``occupancy``: slot counts by state name; ``kv_blocks``: (used, total) or None if unknown."""
+    ``occupancy``: slot counts by state name; ``kv_blocks``: (used, total) and
+    ``scheduler_counts``: (running, waiting) from the engine, or None while unknown."""
 
     def __init__(self, occupancy: Callable[[], dict[str, int]],
-                 kv_blocks: Callable[[], tuple[int, int] | None]):
+                 kv_blocks: Callable[[], tuple[int, int] | None],
+                 scheduler_counts: Callable[[], tuple[int, int] | None] = lambda: None):
         self.registry = CollectorRegistry()
         r, p = self.registry, "blink_edu:"
         self.time_to_first_token = Histogram(
@@ -69,18 +67,20 @@ class ServeMetrics:
                                          registry=r)
         self.request_success = Counter(p + "request_success", "Finished requests by reason.",
                                        ["finished_reason"], registry=r)
-        self._state_gauges(occupancy, kv_blocks)
+        self._state_gauges(occupancy, kv_blocks, scheduler_counts)
 
-    def _state_gauges(self, occupancy, kv_blocks) -> None:
+    def _state_gauges(self, occupancy, kv_blocks, scheduler_counts) -> None:
         r, p = self.registry, "blink_edu:"
 
         def count(states):
             return lambda: sum(occupancy()[STATE_NAMES[s]] for s in states)
 
-        Gauge(p + "num_requests_running", "Slots the engine has claimed (ring view).",
-              registry=r).set_function(count(RUNNING))
-        Gauge(p + "num_requests_waiting", "Slots handed over, not running (ring view).",
-              registry=r).set_function(count(WAITING))
+        # The ring loop claims every pending slot at once, so "claimed" is not "running": the
+        # engine's scheduler says who is in the batch and who waits (-1: not reported yet).
+        Gauge(p + "num_requests_running", "Requests in the engine's running batch.",
+              registry=r).set_function(lambda: (scheduler_counts() or (-1, -1))[0])
+        Gauge(p + "num_requests_waiting", "Requests the engine has queued but not started.",
+              registry=r).set_function(lambda: (scheduler_counts() or (-1, -1))[1])
         slots = Gauge(p + "ring_slots", "Ring slots by state.", ["state"], registry=r)
         for state, name in STATE_NAMES.items():
             slots.labels(name).set_function(count((state,)))

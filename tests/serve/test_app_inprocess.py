@@ -9,6 +9,7 @@ import time
 from fastapi.testclient import TestClient
 
 from blink_edu.ring import Ring, RingClient, RingLayout
+from blink_edu.ring.layout import STATE_NAMES
 from blink_edu.serve.app import ServeSettings, create_app
 from blink_edu.serve.health import EngineWatch
 
@@ -39,3 +40,16 @@ def test_health_follows_heartbeat_and_process(tokenizer):
         r = http.post("/v1/completions", json={"prompt": "hi", "max_tokens": 2})
         assert r.status_code == 503 and r.json()["error"]["code"] == "engine_unavailable"
         assert ring.state.sum() == 0  # nothing was written into the ring
+
+
+def test_running_and_waiting_gauges_are_the_schedulers_counts():
+    from prometheus_client import generate_latest
+
+    from blink_edu.serve.metrics import ServeMetrics
+
+    metrics = ServeMetrics(lambda: {name: 0 for name in STATE_NAMES.values()},
+                           lambda: (3, 10), lambda: (2, 5))
+    text = generate_latest(metrics.registry).decode()
+    assert "blink_edu:num_requests_running 2.0" in text
+    assert "blink_edu:num_requests_waiting 5.0" in text
+    assert 'blink_edu:kv_blocks{kind="used"} 3.0' in text
