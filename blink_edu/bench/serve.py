@@ -34,23 +34,18 @@ import json
 import math
 import os
 import re
-import signal
-import socket
-import subprocess
-import sys
 import tempfile
 import time
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import httpx
 import numpy as np
 
+from ..serve.subprocess_server import ServerProcess, running_server
 from .results import RESULTS_DIR, print_table, write_results
 from .workloads import PromptBuilder, WorkItem, arrival_times, fixed_lengths, lognormal_lengths
 
-START_TIMEOUT_S = 120.0
 MODEL_CONTEXT = 512  # blink-edu-7m; /v1/models tells the truth when a server is up
 
 # --- metrics (vLLM's definitions) ------------------------------------------------------------
@@ -225,80 +220,9 @@ async def run_rate(base_url: str, items: list[WorkItem], times: list[float], *, 
 # --- the server: target one, or start one ----------------------------------------------------
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-@contextmanager
-def start_server(flags: list[str], log_dir: Path, timeout_s: float = START_TIMEOUT_S):
-    """``python -m blink_edu.serve`` on a free 127.0.0.1 port; yields (base_url, log path).
-    Waits (bounded) for /health 200; always stops it: SIGTERM, then SIGKILL, engine included."""
-    port = free_port()
-    log = log_dir / f"server-{port}.log"
-    with open(log, "w") as out:
-        process = subprocess.Popen([sys.executable, "-m", "blink_edu.serve", "--host", "127.0.0.1",
-                                    "--port", str(port), *flags],
-                                   stdout=out, stderr=subprocess.STDOUT)
-    url, engine_pid = f"http://127.0.0.1:{port}", None
-    try:
-        deadline = time.monotonic() + timeout_s
-        while True:
-            try:
-                health = httpx.get(f"{url}/health", timeout=5)
-                if health.status_code == 200:
-                    engine_pid = health.json().get("engine_pid")
-                    break
-            except httpx.TransportError:
-                pass
-            if process.poll() is not None:
-                raise RuntimeError(f"server exited with {process.returncode}:\n{log.read_text()}")
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"server not healthy in {timeout_s} s:\n{log.read_text()}")
-            time.sleep(0.1)
-        yield url, log
-    finally:
-        if process.poll() is None:
-            process.send_signal(signal.SIGTERM)
-            try:
-                process.wait(30)
-            except subprocess.TimeoutExpired:
-                process.kill()
-                process.wait(10)
-        if engine_pid:
-            _kill_if_alive(engine_pid)
-
-
-def _kill_if_alive(pid: int, timeout_s: float = 5.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
-            return
-        time.sleep(0.05)
-    try:
-        os.kill(pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
-
-
 def wait_idle(base_url: str, timeout_s: float = 30.0) -> dict | None:
     """Wait (bounded) until every ring slot is EMPTY and no KV block is used; /health's body."""
-    deadline = time.monotonic() + timeout_s
-    detail = None
-    while time.monotonic() < deadline:
-        try:
-            detail = httpx.get(f"{base_url}/health", timeout=5).json()
-            slots = detail["ring"]["slots"]
-            kv = detail.get("kv_blocks") or {"used": 0}
-            if slots.get("EMPTY") == sum(slots.values()) and kv["used"] == 0:
-                return detail
-        except (httpx.HTTPError, KeyError, ValueError):
-            pass
-        time.sleep(0.05)
-    return detail
+    return ServerProcess(None, base_url, None).wait_idle(timeout_s)
 
 
 def server_histograms(base_url: str) -> dict:
@@ -573,7 +497,8 @@ def main(argv=None) -> int:
     args = parse_args(argv)
     out_dir = Path(args.out or os.environ.get("BLINK_EDU_RESULTS_DIR") or RESULTS_DIR)
     if args.start_server:
-        with tempfile.TemporaryDirectory() as tmp, start_server(server_flags(args), Path(tmp)) as (url, log):
+        with tempfile.TemporaryDirectory() as tmp, running_server(Path(tmp), *server_flags(args)) as server:
+            url, log = server.url, server.log
             result = benchmark(url, args, log)
     else:
         result = benchmark(args.base_url.rstrip("/"), args, None)

@@ -23,7 +23,6 @@ same code path.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 
 import numpy as np
 

@@ -3,7 +3,6 @@ graph on a GPU through tools/run_gpu_tests.sh)."""
 
 from __future__ import annotations
 
-import numpy as np
 import pytest
 
 from blink_edu.config import EngineConfig, SamplingParams
