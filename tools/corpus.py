@@ -141,18 +141,27 @@ def deb_version(deb: Path) -> str:
     return r.stdout.strip()
 
 
-def extract_deb(deb: Path, dest: Path) -> Path:
+def unpack_once(package: Path, dest: Path, unpack) -> Path:
+    """``unpack(package, dest)`` into a fresh ``dest``, skipped when ``dest`` already holds it."""
     marker = dest / ".extracted"
-    if marker.exists() and marker.read_text() == deb.name:
+    if marker.exists() and marker.read_text() == package.name:
         return dest
     if dest.exists():
         shutil.rmtree(dest)
     dest.mkdir(parents=True)
+    unpack(package, dest)
+    marker.write_text(package.name)
+    return dest
+
+
+def _dpkg_extract(deb: Path, dest: Path) -> None:
     r = _run(["dpkg-deb", "-x", str(deb), str(dest)])
     if r.returncode != 0:
         raise SystemExit(f"dpkg-deb -x {deb} failed: {r.stdout}")
-    marker.write_text(deb.name)
-    return dest
+
+
+def extract_deb(deb: Path, dest: Path) -> Path:
+    return unpack_once(deb, dest, _dpkg_extract)
 
 
 def fetch_pypi(name: str, version: str, cache: Path) -> Path:
@@ -173,15 +182,8 @@ def fetch_pypi(name: str, version: str, cache: Path) -> Path:
 
 
 def extract_archive(archive: Path, dest: Path) -> Path:
-    marker = dest / ".extracted"
-    if marker.exists() and marker.read_text() == archive.name:
-        return dest
-    if dest.exists():
-        shutil.rmtree(dest)
-    dest.mkdir(parents=True)
-    shutil.unpack_archive(str(archive), str(dest), format="zip" if archive.suffix == ".whl" else None)
-    marker.write_text(archive.name)
-    return dest
+    return unpack_once(archive, dest, lambda a, d: shutil.unpack_archive(
+        str(a), str(d), format="zip" if a.suffix == ".whl" else None))
 
 
 # ---------------------------------------------------------------------------------------------
