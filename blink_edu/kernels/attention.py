@@ -7,9 +7,12 @@ A work item is one (token, query head). The block walks the token's context — 
 2. an *online softmax* (Milakov & Gimelshein; FlashAttention) keeps a running max ``m`` and
    running sum ``l``: a new chunk with a larger max rescales what was accumulated by
    ``exp(m_old - m_new)``, so the scores never need to be stored beyond one chunk;
-3. thread ``e`` accumulates output dimension ``e``: ``acc_e += sum_j exp(s_j - m) * v_j[e]``.
+3. the threads split into ``THREADS // E`` groups of ``E``; thread ``e`` of group ``g``
+   accumulates output dimension ``e`` over the chunk's positions ``g, g + groups, ...``:
+   ``acc_e += exp(s_j - m) * v_j[e]`` (consecutive threads read consecutive addresses of ``v_j``).
 
-At the end ``out = acc / l``. Grouped-query attention: query head ``h`` reads kv head
+At the end the groups' partial sums are added and ``out = acc / l``. Both inner loops issue
+``UNROLL`` loads before using any (see ``linear.py``: decode is latency-bound). Grouped-query attention: query head ``h`` reads kv head
 ``h // (H / K)``. Causality needs no mask: a token only walks positions ``<= p``, and this
 step's keys were written (``rope.py``) before this kernel runs.
 """
@@ -22,6 +25,20 @@ from numba import float32
 
 from .reduce import NEG_INF, THREADS, block_max, block_sum, cuda
 
+UNROLL = 8  # loads each thread has in flight in the inner loops
+
+
+@cuda.jit(device=True, inline=True)
+def score_of(q, kv_pool, blk, layer, slot, kvh, E):
+    """q . k for the key in ``kv_pool[blk, layer, 0, slot, kvh, :]`` (q in shared memory)."""
+    score = float32(0)
+    for e0 in range(0, E, UNROLL):
+        for u in range(UNROLL):  # a constant trip count: unrolled, its loads issued together
+            e = e0 + u
+            if e < E:
+                score += q[e] * kv_pool[blk, layer, 0, slot, kvh, e]
+    return score
+
 
 @cuda.jit(device=True)
 def paged_attention(qkv, positions, seq_rows, block_tables, kv_pool, layer, num_heads,
@@ -33,6 +50,8 @@ def paged_attention(qkv, positions, seq_rows, block_tables, kv_pool, layer, num_
     E = kv_pool.shape[5]
     group = num_heads // num_kv_heads
     scale = float32(1) / math.sqrt(float32(E))
+    n_groups = THREADS // E  # thread groups sharing the V accumulation
+    g, e_own = tid // E, tid % E  # this thread's group and output dimension
     q = cuda.shared.array(THREADS, float32)  # this item's query vector (E <= THREADS)
     weights = cuda.shared.array(THREADS, float32)  # exp(score - m) of the current chunk
     scratch = cuda.shared.array(THREADS, float32)
@@ -51,25 +70,31 @@ def paged_attention(qkv, positions, seq_rows, block_tables, kv_pool, layer, num_
             c = start + tid
             score = NEG_INF
             if c < context:
-                blk = block_tables[row, c // B]
-                score = float32(0)
-                for e in range(E):
-                    score += q[e] * kv_pool[blk, layer, 0, c % B, kvh, e]
-                score *= scale
+                score = score_of(q, kv_pool, block_tables[row, c // B], layer, c % B, kvh, E) * scale
             m_new = max(m, block_max(score, scratch))
             w = math.exp(score - m_new) if c < context else float32(0)
             weights[tid] = w
             rescale = math.exp(m - m_new)  # 0 on the first chunk (m = -inf)
-            total = total * rescale + block_sum(w, scratch)
-            if tid < E:
-                acc *= rescale
-                for j in range(min(THREADS, context - start)):
-                    c2 = start + j
-                    acc += weights[j] * kv_pool[block_tables[row, c2 // B], layer, 1, c2 % B, kvh, tid]
+            total = total * rescale + block_sum(w, scratch)  # (its barrier publishes weights)
+            acc *= rescale
+            n = min(THREADS, context - start)
+            if g < n_groups:
+                for j0 in range(g, n, n_groups * UNROLL):
+                    for u in range(UNROLL):
+                        j = j0 + u * n_groups
+                        if j < n:
+                            c2 = start + j
+                            acc += weights[j] * kv_pool[block_tables[row, c2 // B], layer, 1,
+                                                        c2 % B, kvh, e_own]
             m = m_new
             cuda.syncthreads()
+        scratch[tid] = acc if g < n_groups else float32(0)
+        cuda.syncthreads()
         if tid < E:
-            out[t, h * E + tid] = acc / total
+            value = float32(0)
+            for j in range(n_groups):
+                value += scratch[j * E + tid]
+            out[t, h * E + tid] = value / total
         cuda.syncthreads()
 
 

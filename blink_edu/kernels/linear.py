@@ -3,10 +3,14 @@
 The matrix multiplies are almost all of a decoder's work and, at small batch, almost all of its
 memory traffic: every decode step streams every weight once. Two ways to do it:
 
-* **GEMV** (``R <= GEMV_MAX_ROWS`` tokens, i.e. decode): a group of ``LANES`` threads owns one
-  output row ``o``; its threads stride along ``W[o, :]`` (consecutive threads read consecutive
-  addresses: coalesced), each keeping a partial dot product per token, then the group adds its
-  partials in shared memory. The weights are read exactly once per step.
+* **GEMV** (``R <= GEMV_MAX_ROWS`` tokens, i.e. decode): a warp (``LANES`` threads) owns one
+  output row ``o``; its lanes stride along ``W[o, :]`` (consecutive lanes read consecutive
+  addresses: coalesced), each keeping a partial dot product, then the warp adds its partials with
+  shuffles — no shared memory, no barrier. The weights stream from HBM once per step (for a
+  second token the row is read again, but from the L1 cache, where the first one left it).
+  Each lane issues ``UNROLL`` loads before it uses any of them: a load from HBM takes ~1 µs, and
+  a thread that waits for each before issuing the next leaves the memory system idle — decode is
+  *latency*-bound long before it is bandwidth-bound.
 * **Tiled** (prefill): the block loads a ``TILE x TILE`` tile of inputs and one of weights into
   shared memory and each thread accumulates several outputs from them, so every weight loaded
   from memory serves ``TILE`` tokens instead of one.
@@ -29,20 +33,28 @@ import math
 from numba import float32
 
 from ..backend import get_backend
-from .reduce import THREADS, block_sum, cuda
+from .reduce import THREADS, block_sum, cuda, warp_sum
 
 GEMV_MAX_ROWS = 8  # decode batches up to this many tokens take the GEMV path
-# Threads per output row in the GEMV: a warp on a GPU. In the simulator, where every barrier of
-# the partial-sum tree costs milliseconds, 1: each thread owns a whole row and the tree has no
-# levels (the same code; the GPU-marked tests exercise the tree).
+# Threads per output row in the GEMV: a warp on a GPU, whose lanes add their partial sums with
+# shuffles. Numba's simulator has no shuffles, so there each thread owns a whole row (1 lane).
 LANES = 1 if get_backend().is_simulator else 32
 ROWS_PER_ITEM = THREADS // LANES  # output rows one block computes per GEMV work item
+UNROLL = 8  # loads each lane has in flight at once in the GEMV's inner loop
 TILE = 32  # tiled path: TILE tokens x TILE outputs per work item, TILE-wide k steps
 PER_THREAD = TILE * TILE // THREADS  # outputs each thread accumulates in the tiled path
 TY_STEP = THREADS // TILE
 # Shared-array shapes must be compile-time constants: Numba reads a global tuple as one.
-PARTIALS_SHAPE = (GEMV_MAX_ROWS, THREADS)
 TILE_SHAPE = (TILE, TILE + 1)  # one spare column per row: no shared-memory bank conflicts
+
+
+
+@cuda.jit(device=True, inline=True)
+def _one_lane(value):
+    return value
+
+
+lane_sum = _one_lane if LANES == 1 else warp_sum  # the sum over the lanes sharing a row
 
 
 @cuda.jit(device=True, inline=True)
@@ -56,54 +68,48 @@ def store(out, r, o, y, bias, accumulate):
 
 
 @cuda.jit(device=True, inline=True)
+def row_dot(x, xr, norm_w, w, o, lane):
+    """This lane's share of (x[xr] * norm_w?) . w[o]: elements lane, lane + LANES, ..."""
+    I = w.shape[1]
+    use_norm = norm_w.shape[0] > 0
+    dot = float32(0)
+    for i0 in range(lane, I, LANES * UNROLL):
+        for u in range(UNROLL):  # a constant trip count: unrolled, its loads issued together
+            i = i0 + u * LANES
+            if i < I:
+                wi = float32(w[o, i])
+                if use_norm:
+                    wi *= norm_w[i]
+                dot += wi * x[xr, i]
+    return dot
+
+
+@cuda.jit(device=True, inline=True)
 def gemv(x, x_rows, norm_w, eps, w, bias, out, accumulate, block, n_blocks):
     """out[r, :] (+)= rms_norm?(x[x_rows[r]]) @ w.T + bias for r < R <= GEMV_MAX_ROWS."""
     tid = cuda.threadIdx.x
     lane = tid % LANES
-    group = tid // LANES
     R = x_rows.shape[0]
     O, I = w.shape
-    use_norm = norm_w.shape[0] > 0
     inv = cuda.shared.array(GEMV_MAX_ROWS, float32)
-    partials = cuda.shared.array(PARTIALS_SHAPE, float32)
-    acc = cuda.local.array(GEMV_MAX_ROWS, float32)
-    if use_norm:  # per-token norm scales, computed once per block (not once per item)
-        for r in range(R):
-            acc[r] = 0
+    scratch = cuda.shared.array(THREADS, float32)
+    for r in range(R):  # per-token norm scales, computed once per block (not once per row)
+        scale = float32(1)
+        if norm_w.shape[0] > 0:
+            ss = float32(0)
             for i in range(tid, I, THREADS):
-                acc[r] += x[x_rows[r], i] * x[x_rows[r], i]
-        for r in range(R):
-            total = block_sum(acc[r], partials[r])
-            if tid == 0:
-                inv[r] = float32(1) / math.sqrt(total / I + eps)
-    elif tid < R:
-        inv[tid] = float32(1)
+                ss += x[x_rows[r], i] * x[x_rows[r], i]
+            scale = float32(1) / math.sqrt(block_sum(ss, scratch) / I + eps)
+        if tid == 0:
+            inv[r] = scale
     cuda.syncthreads()
     for item in range(block, (O + ROWS_PER_ITEM - 1) // ROWS_PER_ITEM, n_blocks):
-        o = item * ROWS_PER_ITEM + group
-        for r in range(R):
-            acc[r] = 0
-        if o < O:
-            for i in range(lane, I, LANES):
-                wi = float32(w[o, i])
-                if use_norm:
-                    wi *= norm_w[i]
-                for r in range(R):
-                    acc[r] += wi * x[x_rows[r], i]
-        for r in range(R):
-            partials[r, tid] = acc[r]
-        cuda.syncthreads()
-        stride = LANES // 2
-        while stride > 0:  # tree-add the LANES partials of each row group
-            if lane < stride:
-                for r in range(R):
-                    partials[r, tid] += partials[r, tid + stride]
-            cuda.syncthreads()
-            stride //= 2
-        if lane == 0 and o < O:
+        o = item * ROWS_PER_ITEM + tid // LANES  # this warp's output row
+        if o < O:  # a whole warp agrees, so the shuffles inside see all 32 lanes
             for r in range(R):
-                store(out, r, o, partials[r, tid] * inv[r], bias, accumulate)
-        cuda.syncthreads()
+                dot = lane_sum(row_dot(x, x_rows[r], norm_w, w, o, lane))
+                if lane == 0:
+                    store(out, r, o, dot * inv[r], bias, accumulate)
 
 
 @cuda.jit(device=True, inline=True)

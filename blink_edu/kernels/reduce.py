@@ -1,18 +1,22 @@
 """Block-wide reductions in shared memory, and the launch geometry every op kernel shares.
 
 A CUDA block of ``THREADS`` threads cooperates on each work item. Reductions (a sum over a row,
-the max of some scores) go through a shared-memory tree: each thread writes its value, then
-half the threads add the other half's, ``log2(THREADS)`` times, with a barrier between levels.
-Warp shuffles would be faster on a GPU, but Numba's simulator does not implement them; a
-shared-memory tree runs everywhere, so the same code is tested on a laptop and run on an H200.
+the max of some scores) take two levels on a GPU:
+
+1. **within a warp** — the 32 threads that execute in lock step exchange registers with
+   ``shfl_xor``: after 5 butterfly exchanges (offsets 16, 8, 4, 2, 1) every lane holds the sum of
+   all 32, with no shared memory and no barrier;
+2. **across the block's warps** — one value per warp goes to shared memory, one barrier, and every
+   thread adds up the ``THREADS / 32`` values.
+
+Two barriers per reduction, whatever ``THREADS`` is (a shared-memory tree needs ``2 + log2(THREADS)``).
 
 ``THREADS`` is 128 on a GPU and 32 in the simulator, where every CUDA thread is a Python thread
 and fewer threads per block keep tests fast. Code must only assume a power of two >= 32.
 
-In the simulator a barrier costs milliseconds (32 Python threads meet), so there the reductions
-take their simulator form: every thread writes its value, one barrier, and every thread adds up
-all ``THREADS`` values itself — two barriers instead of ``2 + log2(THREADS)``. Same result (up to
-float rounding order), same contract; only the GPU form is worth its extra barriers.
+Numba's simulator has no warp shuffles, so there the reductions take their simulator form: every
+thread writes its value to shared memory, one barrier, and every thread adds up all ``THREADS``
+values itself. Same two barriers, same result (up to float rounding order), same contract.
 """
 
 from __future__ import annotations
@@ -36,55 +40,73 @@ def grid_for(n_items: int, max_blocks: int = 1024) -> int:
     return max(1, min(n_items, max_blocks))
 
 
+WARP = 32
+FULL_MASK = 0xFFFFFFFF
+
+
 @cuda.jit(device=True, inline=True)
-def _tree_sum(value, scratch):
-    """GPU form: a shared-memory tree, log2(THREADS) levels."""
-    tid = cuda.threadIdx.x
-    scratch[tid] = value
+def warp_sum(value):
+    """The sum over the 32 lanes of a warp, in every lane (butterfly shuffles; GPU only)."""
+    offset = WARP // 2
+    while offset > 0:
+        value += cuda.shfl_xor_sync(FULL_MASK, value, offset)
+        offset //= 2
+    return value
+
+
+@cuda.jit(device=True, inline=True)
+def warp_max(value):
+    offset = WARP // 2
+    while offset > 0:
+        value = max(value, cuda.shfl_xor_sync(FULL_MASK, value, offset))
+        offset //= 2
+    return value
+
+
+@cuda.jit(device=True, inline=True)
+def _shuffle_sum(value, scratch):
+    """GPU form: shuffles inside each warp, then the warps' sums through shared memory."""
+    value = warp_sum(value)
+    if cuda.threadIdx.x % WARP == 0:
+        scratch[cuda.threadIdx.x // WARP] = value
     cuda.syncthreads()
-    stride = THREADS // 2
-    while stride > 0:
-        if tid < stride:
-            scratch[tid] += scratch[tid + stride]
-        cuda.syncthreads()
-        stride //= 2
-    total = scratch[0]
+    total = float32(0)
+    for j in range(THREADS // WARP):
+        total += scratch[j]
     cuda.syncthreads()  # scratch may be reused right after
     return total
 
 
 @cuda.jit(device=True, inline=True)
-def _tree_max(value, scratch):
-    tid = cuda.threadIdx.x
-    scratch[tid] = value
+def _shuffle_max(value, scratch):
+    value = warp_max(value)
+    if cuda.threadIdx.x % WARP == 0:
+        scratch[cuda.threadIdx.x // WARP] = value
     cuda.syncthreads()
-    stride = THREADS // 2
-    while stride > 0:
-        if tid < stride:
-            scratch[tid] = max(scratch[tid], scratch[tid + stride])
-        cuda.syncthreads()
-        stride //= 2
     best = scratch[0]
+    for j in range(1, THREADS // WARP):
+        best = max(best, scratch[j])
     cuda.syncthreads()
     return best
 
 
 @cuda.jit(device=True, inline=True)
-def _tree_argmax(value, index, values, indices):
-    tid = cuda.threadIdx.x
-    values[tid] = value
-    indices[tid] = index
+def _shuffle_argmax(value, index, values, indices):
+    offset = WARP // 2
+    while offset > 0:
+        v = cuda.shfl_xor_sync(FULL_MASK, value, offset)
+        i = cuda.shfl_xor_sync(FULL_MASK, index, offset)
+        if v > value or (v == value and i < index):
+            value, index = v, i
+        offset //= 2
+    if cuda.threadIdx.x % WARP == 0:
+        values[cuda.threadIdx.x // WARP] = value
+        indices[cuda.threadIdx.x // WARP] = index
     cuda.syncthreads()
-    stride = THREADS // 2
-    while stride > 0:
-        if tid < stride:
-            v, i = values[tid + stride], indices[tid + stride]
-            if v > values[tid] or (v == values[tid] and i < indices[tid]):
-                values[tid] = v
-                indices[tid] = i
-        cuda.syncthreads()
-        stride //= 2
     best, where = values[0], indices[0]
+    for j in range(1, THREADS // WARP):
+        if values[j] > best or (values[j] == best and indices[j] < where):
+            best, where = values[j], indices[j]
     cuda.syncthreads()
     return best, where
 
@@ -128,9 +150,9 @@ def _serial_argmax(value, index, values, indices):
 # block_sum(value, scratch) / block_max(value, scratch): the reduction over the block's threads,
 # every thread gets the result; scratch is a shared float32 (THREADS,).
 # block_argmax(value, index, values, indices): (max value, its lowest index).
-block_sum = _serial_sum if SIMULATOR else _tree_sum
-block_max = _serial_max if SIMULATOR else _tree_max
-block_argmax = _serial_argmax if SIMULATOR else _tree_argmax
+block_sum = _serial_sum if SIMULATOR else _shuffle_sum
+block_max = _serial_max if SIMULATOR else _shuffle_max
+block_argmax = _serial_argmax if SIMULATOR else _shuffle_argmax
 
 
 NEG_INF = float32(-math.inf)
