@@ -126,32 +126,42 @@ def host_launch_time(executor: EagerExecutor, batch: int) -> float:
     return statistics.median(times)
 
 
+def hold_stream(stream, seconds: float) -> None:
+    """Enqueue a kernel that keeps ``stream`` busy for about ``seconds`` (see ``op_breakdown``)."""
+    from numba import cuda
+
+    from ..kernels.sync import spin_for_ns
+
+    spin_for_ns[1, 1, cuda.external_stream(stream.ptr)](int(seconds * 1e9))
+
+
 def op_breakdown(executor: EagerExecutor, batch: int, repeats: int = 5) -> dict[str, float]:
-    """GPU microseconds per op kind for one decode step: each kernel timed alone with CUDA events
-    (the stream is drained before and after it), summed over layers, median over repeats."""
+    """GPU microseconds per op kind in one decode step, summed over layers (median of repeats).
+
+    Timing a kernel with events around it would also count the host's ~60 µs launch gap. So the
+    stream is first held by a spin kernel long enough for the host to queue the whole step
+    behind it, with an event between consecutive kernels; when the spin ends the kernels run back
+    to back and the events measure GPU time only."""
     import cupy
 
     s_b, t_b = executor.buckets(batch, batch)
     stream = executor._cupy_stream
     runs: list[dict[str, float]] = []
     for _ in range(repeats):
-        totals: dict[str, float] = {}
-        pending: list = []
+        marks: list[tuple[str | None, object]] = []
 
         def probe(op):
-            if pending:
-                name, start = pending.pop()
-                end = cupy.cuda.Event()
-                end.record(stream)
-                end.synchronize()
-                totals[name] = totals.get(name, 0.0) + cupy.cuda.get_elapsed_time(start, end) * 1e3
-            if op is not None:
-                start = cupy.cuda.Event()
-                start.record(stream)
-                pending.append((op, start))
+            event = cupy.cuda.Event()
+            event.record(stream)
+            marks.append((op, event))
 
         executor.synchronize()
+        hold_stream(stream, 0.05)
         executor.launch_forward(s_b, t_b, probe)
+        executor.synchronize()
+        totals: dict[str, float] = {}
+        for (op, start), (_, end) in zip(marks, marks[1:]):
+            totals[op] = totals.get(op, 0.0) + cupy.cuda.get_elapsed_time(start, end) * 1e3
         runs.append(totals)
     return {op: statistics.median(r[op] for r in runs) for op in runs[0]}
 
@@ -227,19 +237,53 @@ def time_hf(folder: Path, batches, prompt_len, steps, vocab, rng, compile_batche
         t = tpot(batch)
         rows.append({"executor": "hf_eager", "batch": batch, "tpot_us": t * 1e6, "tokens_per_s": batch / t})
         print(f"  hf_eager B={batch:4d}  TPOT {t * 1e6:9.1f} us", flush=True)
-    try:
+    if compile_batches is not None:  # in a child process: this path has crashed the process
+        rows += time_hf_compiled_in_child(folder, batches=compile_batches, prompt_len=prompt_len,
+                                          steps=steps, vocab=vocab)
+    else:
         model.generation_config.cache_implementation = "static"
         model.forward = torch.compile(model.forward, mode="reduce-overhead", fullgraph=True)
-        for batch in compile_batches:
+        for batch in batches:
             t = tpot(batch)
             rows.append({"executor": "hf_static_compile", "batch": batch, "tpot_us": t * 1e6,
                          "tokens_per_s": batch / t})
             print(f"  hf_static_compile B={batch:4d}  TPOT {t * 1e6:9.1f} us", flush=True)
-    except Exception as err:  # noqa: BLE001 - recorded, as DESIGN.md §4 saw it crash
-        rows.append({"executor": "hf_static_compile", "error": f"{type(err).__name__}: {err}"[:500]})
-        print(f"  hf_static_compile failed: {type(err).__name__}: {str(err)[:200]}", flush=True)
     del model
     torch.cuda.empty_cache()
+    return rows
+
+
+def _hf_compiled_child(queue, folder, batches, prompt_len, steps, vocab):
+    try:
+        rows = time_hf(Path(folder), batches, prompt_len, steps, vocab, np.random.default_rng(1),
+                       compile_batches=None)
+        queue.put([r for r in rows if r["executor"] == "hf_static_compile"])
+    except Exception as err:  # noqa: BLE001 - reported by the parent
+        queue.put([{"executor": "hf_static_compile", "error": f"{type(err).__name__}: {err}"[:500]}])
+
+
+def time_hf_compiled_in_child(folder, batches, prompt_len, steps, vocab, timeout_s=240) -> list[dict]:
+    """transformers with a static cache + ``torch.compile`` (CUDA graphs), in a child process:
+    on the H200 this path has killed its process outright (DESIGN.md §4), which must not take
+    the benchmark down with it. Returns its rows, or one row saying how it failed."""
+    import multiprocessing
+
+    ctx = multiprocessing.get_context("spawn")
+    queue = ctx.Queue()
+    child = ctx.Process(target=_hf_compiled_child,
+                        args=(queue, str(folder), batches, prompt_len, steps, vocab))
+    child.start()
+    try:
+        rows = queue.get(timeout=timeout_s)
+    except Exception:  # noqa: BLE001 - queue.Empty: the child died or hung
+        rows = [{"executor": "hf_static_compile",
+                 "error": f"child process gave no result (exit code {child.exitcode})"}]
+    child.join(5)
+    if child.is_alive():
+        child.kill()
+    for r in rows:
+        if "error" in r:
+            print(f"  hf_static_compile failed: {r['error'][:200]}", flush=True)
     return rows
 
 

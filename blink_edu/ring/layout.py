@@ -197,6 +197,7 @@ class Ring:
         else:
             _format(raw, layout)
         self.layout = layout
+        self.raw = raw  # (bytes,) uint8, the whole buffer: every field below is a view of it
         self._shm = shm  # keeps a shared-memory block mapped for as long as the ring lives
         for name, f in layout.fields.items():
             view = raw[f.offset:f.offset + f.nbytes].view(f.dtype).reshape(f.shape)
@@ -234,7 +235,7 @@ class Ring:
 
     def close(self) -> None:
         """Drop this process's mapping. Views taken from the ring must not outlive it."""
-        for name in self.layout.fields:
+        for name in (*self.layout.fields, "raw"):
             self.__dict__.pop(name, None)
         if self._lock_fd is not None:
             os.close(self._lock_fd)

@@ -1,0 +1,214 @@
+"""The persistent executor, host side: set the kernel up, launch it once, stay out of the way.
+
+Blink §3 ("Host loads model + captures CUDA graphs at startup, then exits" the loop) and §7;
+DESIGN.md §2 (the *persistent* executor, inline dispatch). The kernel itself is
+``persistent_kernel.py``; this module
+
+1. uploads the weights with every per-layer matrix stacked on a leading layer axis (the kernel
+   loops over layers; it cannot receive a Python list of per-layer arrays);
+2. allocates the KV pool, the activations (for ``max_num_batched_tokens`` tokens), the flat-batch
+   arrays and the scheduler's own state (lanes, block tables, free-block stack);
+3. makes the ring visible to the GPU (``ring/placement.py``);
+4. launches the kernel — as a cooperative launch of as many blocks as fit on the GPU at once (grid
+   barriers need every block resident), on its own non-blocking stream; in Numba's simulator with
+   one block, in a background thread, since a simulated launch returns only when the kernel does;
+5. on ``stop()``: raises the stop flag in host memory that the kernel polls, and waits.
+
+Between ``start()`` and ``stop()`` the host makes no CUDA call: ``stats()`` reads plain host
+memory (the control words the kernel publishes with release stores).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import numpy as np
+
+from ..backend import get_backend
+from ..config import EngineConfig
+from ..kernels.reduce import THREADS, cuda
+from ..kernels.sync import read_globaltimer
+from ..kv.block_manager import blocks_needed
+from ..kv.pool import allocate_kv_pool
+from ..model.reference import rope_tables
+from ..model.weights import ModelWeights
+from ..ring.layout import Ring
+from ..ring.placement import host_words, map_ring_for_gpu
+from . import persistent_kernel as pk
+
+RING_FIELDS = ("state", "doorbell", "arrival_ns", "claim_ns", "first_token_ns", "last_token_ns",
+               "prompt_len", "max_tokens", "top_k", "seed", "temperature", "top_p", "stop_ids",
+               "ignore_eos", "cancel", "generated", "finish_reason", "prompt_tokens",
+               "output_tokens")  # in the kernel's argument order
+
+
+def stacked_weights(weights: ModelWeights, weight_dtype) -> dict[str, object]:
+    """Device arrays with a leading layer axis: w_qkv (L, (H + 2K) E, D), ..., norms (L, D);
+    absent biases become (L, 0)."""
+    def stack(get, dtype=np.float32):
+        parts = [get(lw) for lw in weights.layers]
+        if parts[0] is None:
+            return cuda.to_device(np.zeros((len(parts), 0), np.float32))
+        return cuda.to_device(np.ascontiguousarray(np.stack(parts), dtype=dtype))
+
+    def cat(*names):
+        return lambda lw: (None if getattr(lw, names[0]) is None
+                           else np.concatenate([getattr(lw, n) for n in names]))
+
+    w = weight_dtype
+    out = dict(
+        attn_norm=stack(lambda lw: lw.attn_norm), w_qkv=stack(cat("wq", "wk", "wv"), w),
+        b_qkv=stack(cat("bq", "bk", "bv")), w_o=stack(lambda lw: lw.wo, w),
+        b_o=stack(lambda lw: lw.bo), mlp_norm=stack(lambda lw: lw.mlp_norm),
+        w_gate_up=stack(cat("w_gate", "w_up"), w), b_gate_up=stack(cat("b_gate", "b_up")),
+        w_down=stack(lambda lw: lw.w_down, w), b_down=stack(lambda lw: lw.b_down))
+    out["embed"] = cuda.to_device(np.ascontiguousarray(weights.embed, w))
+    out["lm_head"] = (out["embed"] if weights.lm_head is weights.embed
+                      else cuda.to_device(np.ascontiguousarray(weights.lm_head, w)))
+    out["final_norm"] = cuda.to_device(np.ascontiguousarray(weights.final_norm, np.float32))
+    return out
+
+
+class PersistentExecutor:
+    """The persistent scheduler kernel serving ``ring`` (see the module docstring).
+    ``eos_token_ids``: ids that finish a request unless it sets ``ignore_eos``."""
+
+    name = "persistent"
+
+    def __init__(self, weights: ModelWeights, engine_config: EngineConfig, ring: Ring,
+                 eos_token_ids=(), weight_dtype=np.float32, max_model_len: int | None = None,
+                 grid_blocks: int | None = None):
+        cfg = self.config = weights.config
+        self.backend = get_backend()
+        self.ring = ring
+        self.max_model_len = min(max_model_len or engine_config.max_model_len
+                                 or cfg.max_position_embeddings, cfg.max_position_embeddings)
+        S, T = engine_config.max_num_seqs, engine_config.max_num_batched_tokens
+        H, K, E, D, F = (cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, cfg.hidden_size,
+                         cfg.intermediate_size)
+        N, B = engine_config.num_kv_blocks, engine_config.block_size
+        W = blocks_needed(self.max_model_len, B)  # block-table width
+        f32, i32, i64 = np.float32, np.int32, np.int64
+        self.model = stacked_weights(weights, weight_dtype)
+        cos, sin = rope_tables(cfg, np.arange(self.max_model_len))  # (P, E/2) each
+        self.model.update(cos=cuda.to_device(cos), sin=cuda.to_device(sin),
+                          no_norm=cuda.to_device(np.zeros(0, f32)),
+                          kv_pool=cuda.to_device(allocate_kv_pool(cfg, N, B)),
+                          eos_ids=cuda.to_device(np.asarray(list(eos_token_ids) or [-1], i32)))
+        self.buffers = dict(
+            x=cuda.device_array((T, D), f32), qkv=cuda.device_array((T, (H + 2 * K) * E), f32),
+            attn=cuda.device_array((T, H * E), f32), gate_up=cuda.device_array((T, 2 * F), f32),
+            act=cuda.device_array((T, F), f32), logits=cuda.device_array((S, cfg.vocab_size), f32),
+            all_rows=cuda.to_device(np.arange(T, dtype=i32)),
+            token_ids=cuda.device_array(T, i32), positions=cuda.device_array(T, i32),
+            seq_rows=cuda.device_array(T, i32), logit_rows=cuda.device_array(S, i32),
+            step_temperature=cuda.device_array(S, f32), step_top_p=cuda.device_array(S, f32),
+            step_top_k=cuda.device_array(S, i32), step_seeds=cuda.device_array(S, np.uint32),
+            counters=cuda.device_array(S, i32), tokens=cuda.device_array(S, i32),
+            row_lane=cuda.device_array(S, i32))
+        lanes = np.zeros((S, pk.NUM_LANE_FIELDS), i64)  # (S, fields)
+        lanes[:, pk.L_SLOT] = -1
+        self.scheduler_state = dict(
+            lanes=cuda.to_device(lanes), block_tables=cuda.to_device(np.full((S, W), -1, i32)),
+            free_blocks=cuda.to_device(np.arange(N, dtype=i32)[::-1].copy()),
+            free_top=cuda.to_device(np.array([N], i32)),
+            sched=cuda.to_device(self._initial_sched()),
+            candidates=cuda.device_array(pk.MAX_CANDIDATES, i32))
+        self.control = host_words(pk.NUM_CONTROL_WORDS)  # (C,) int64 host memory the GPU sees
+        self.ring_views, self.ring_in_device_memory = map_ring_for_gpu(ring, RING_FIELDS)
+        self.budget, self.eps = T, np.float32(cfg.rms_norm_eps)
+        self.grid_blocks = grid_blocks
+        self._thread: threading.Thread | None = None
+        self._stream = None
+        self.error: BaseException | None = None
+
+    def _initial_sched(self) -> np.ndarray:
+        sched = np.zeros(pk.NUM_SCHED_WORDS, np.int64)
+        sched[pk.S_CLOCK_OFFSET] = self._clock_offset_ns()
+        return sched
+
+    def _clock_offset_ns(self) -> int:
+        """host ``time.monotonic_ns()`` minus the GPU's ``%globaltimer``, so that the kernel's
+        timestamps in the ring are on the frontend's clock."""
+        out = cuda.device_array(1, np.int64)
+        before = time.monotonic_ns()
+        read_globaltimer[1, 1](out)
+        gpu = int(out.copy_to_host()[0])
+        after = time.monotonic_ns()
+        return (before + after) // 2 - gpu
+
+    # --- launch and stop -------------------------------------------------------------------
+    def _args(self) -> tuple:
+        m, b, s = self.model, self.buffers, self.scheduler_state
+        cfg = self.config
+        return (*[self.ring_views[name] for name in RING_FIELDS], self.control.device,
+                m["embed"], m["attn_norm"], m["w_qkv"], m["b_qkv"], m["w_o"], m["b_o"],
+                m["mlp_norm"], m["w_gate_up"], m["b_gate_up"], m["w_down"], m["b_down"],
+                m["final_norm"], m["lm_head"], m["no_norm"], self.eps, m["cos"], m["sin"],
+                m["kv_pool"], cfg.num_heads, cfg.num_kv_heads, m["eos_ids"],
+                b["x"], b["qkv"], b["attn"], b["gate_up"], b["act"], b["logits"], b["all_rows"],
+                b["token_ids"], b["positions"], b["seq_rows"], b["logit_rows"],
+                b["step_temperature"], b["step_top_p"], b["step_top_k"], b["step_seeds"],
+                b["counters"], b["tokens"], b["row_lane"],
+                s["lanes"], s["block_tables"], s["free_blocks"], s["free_top"], s["sched"],
+                s["candidates"], self.budget, self.max_model_len,
+                int(self.ring_in_device_memory))
+
+    def start(self) -> None:
+        """Launch the kernel; it runs until ``stop()``."""
+        if self._thread is not None or self._stream is not None:
+            raise RuntimeError("the persistent kernel is already running")
+        self.control.host[:] = 0
+        args = self._args()
+        if self.backend.is_simulator:  # one block; the launch blocks, so it gets a thread
+            self._thread = threading.Thread(target=self._run_simulated, args=(args,),
+                                            name="persistent-kernel", daemon=True)
+            self._thread.start()
+            return
+        import cupy
+
+        kernel = pk.persistent_scheduler_kernel
+        fitting = kernel.specialize(*args).max_cooperative_grid_blocks(THREADS)
+        sms = cuda.get_current_device().MULTIPROCESSOR_COUNT
+        self.grid_blocks = min(self.grid_blocks or sms, fitting)
+        self._stream = cupy.cuda.Stream(non_blocking=True)  # never the legacy default stream
+        kernel[self.grid_blocks, THREADS, cuda.external_stream(self._stream.ptr)](*args)
+
+    def _run_simulated(self, args) -> None:
+        try:
+            pk.persistent_scheduler_kernel[1, THREADS](*args)
+        except BaseException as err:  # noqa: BLE001 - surfaced by stop() and alive()
+            self.error = err
+
+    def alive(self) -> bool:
+        """Whether the kernel is still running (the simulator's thread, or the GPU stream)."""
+        if self._thread is not None:
+            return self._thread.is_alive()
+        return self._stream is not None and not self._stream.done
+
+    def stop(self, timeout_s: float = 60.0) -> None:
+        """Raise the stop flag and wait for the kernel to return."""
+        self.control.host[pk.C_STOP] = 1
+        if self._thread is not None:
+            self._thread.join(timeout_s)
+            if self._thread.is_alive():
+                raise TimeoutError("the persistent kernel did not stop")
+            self._thread = None
+        elif self._stream is not None:
+            deadline = time.monotonic() + timeout_s
+            while not self._stream.done:
+                if time.monotonic() > deadline:
+                    raise TimeoutError("the persistent kernel did not stop")
+                time.sleep(1e-3)
+            self._stream.synchronize()  # raises if the kernel faulted
+            self._stream = None
+        if self.error is not None:
+            raise RuntimeError("the persistent kernel failed") from self.error
+
+    def stats(self) -> dict[str, int]:
+        """The kernel's counters, read from host memory (no CUDA call)."""
+        c = self.control.host
+        return dict(steps=int(c[pk.C_STEPS]), heartbeat=int(c[pk.C_HEARTBEAT]),
+                    claimed=int(c[pk.C_CLAIMED]), last_scan_ns=int(c[pk.C_SCAN_NS]),
+                    scans=int(c[pk.C_SCANS]))

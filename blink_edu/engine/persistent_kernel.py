@@ -1,0 +1,461 @@
+"""The persistent scheduler kernel: one GPU kernel that owns the serving loop, forever.
+
+Blink §3 ("a persistent GPU-resident scheduler ... scan ring buffer -> claim via atomic CAS ->
+batch -> run -> publish tokens") and §7, DESIGN.md §2 (*inline* dispatch: the forward pass runs
+inside the same cooperative kernel, its phases separated by grid barriers — the MPK-style
+megakernel, and the only form that runs in Numba's simulator).
+
+The kernel is launched once and loops until the host raises a stop flag. One iteration:
+
+    A  every block   scan      if the ring's doorbell moved: look at every slot's state word
+                               (grid-strided: each thread reads a few), note PREFILL_PENDING ones
+       ---- grid barrier ----
+    B  block 0       schedule  stop flag, heartbeat; cancelled lanes finish; claim pending slots
+                               in arrival order (FCFS) while a lane and KV blocks are free; plan
+                               this step: decodes first, then prompt chunks within the token budget
+       ---- grid barrier ----
+    C  every block   forward   the model over the step's flat batch (the same device functions the
+                               eager and graph executors launch one by one), then sampling
+    D  block 0       publish   each new token into the ring: arena, then the `generated` counter
+                               (release), then the state; stop rules; finished lanes free blocks
+
+Words the host writes (the ring's states, doorbell, cancel flags, the stop flag) are read with
+``load_acquire``; words the host reads are published with ``store_release`` (kernels/sync.py).
+The host thread that launched the kernel makes no CUDA call while it runs.
+
+**Lanes.** The batch has ``S`` lanes (``max_num_seqs``); a claimed request occupies one until it
+finishes. ``lanes[s]`` holds its ring slot, tokens cached, tokens known, prompt length, admission
+number, tokens generated and sampling seed (int64 words). Lane ``s`` uses row ``s`` of
+``block_tables``.
+
+**KV blocks** come from a stack of free block ids (``free_blocks``, ``free_top``). Admission
+reserves every block a request can need (prompt + max_tokens - 1 tokens), so a running request
+never runs out and no preemption is needed on this path (DECODE_PAUSED rotation is issue 7/8's, on
+the host-driven path); requests that do not fit wait in the ring, PREFILL_PENDING, in order.
+
+**Claiming.** Only one thread (block 0, thread 0) ever moves a slot out of PREFILL_PENDING, and no
+other agent may: the state machine gives PENDING slots to the engine alone. A compare-and-swap
+makes the claim; on PCIe-mapped host memory GPU atomics are not coherent with the host (DESIGN.md
+§5), so there the claim is ``load_acquire`` == PENDING followed by ``store_release`` — the same
+guarantee with one claimer.
+"""
+
+from __future__ import annotations
+
+from numba import float32, int32, int64
+
+from ..kernels.attention import paged_attention
+from ..kernels.elementwise import embed_tokens, swiglu
+from ..kernels.linear import linear
+from ..kernels.reduce import THREADS, cuda
+from ..kernels.rope import rope_and_write_kv
+from ..kernels.sampling import lowbias32, sample_rows
+from ..kernels.sync import globaltimer_ns, load_acquire, pause_ns, store_release
+from ..ring.layout import (DECODE_COMPLETED, DECODE_PROCESSING, FINISH_ABORT, FINISH_ERROR,
+                           FINISH_LENGTH, FINISH_STOP, PREFILL_PENDING, PREFILL_PROCESSING)
+
+MAX_CANDIDATES = 64  # pending slots one scan can note; more wait for the next scan
+
+# lanes[s, field]
+L_SLOT, L_CACHED, L_LEN, L_PROMPT, L_ORDER, L_GEN, L_SCHED, L_SAMPLE_ROW, L_SEED = range(9)
+NUM_LANE_FIELDS = 9
+# sched[word]: the kernel's own bookkeeping, in device memory
+(S_STOP, S_TOKENS, S_ROWS, S_DOORBELL_SEEN, S_DOORBELL_NOW, S_ADMITTED, S_CANDIDATES,
+ S_SCAN_START, S_STEPS, S_SCAN_NS, S_SCANS, S_IDLE, S_CLOCK_OFFSET) = range(13)
+NUM_SCHED_WORDS = 13
+# control[word]: shared with the host (mapped memory)
+C_STOP, C_STEPS, C_HEARTBEAT, C_SCAN_NS, C_SCANS, C_CLAIMED = range(6)
+NUM_CONTROL_WORDS = 8
+CANDIDATES_SHAPE = (MAX_CANDIDATES,)
+IDLE_SLEEP_NS = 2000
+
+
+# --- A: scan ------------------------------------------------------------------------------------
+@cuda.jit(device=True)
+def scan_ring(state, sched, candidates, thread, n_threads):
+    """Note the PREFILL_PENDING slots in ``candidates`` if the doorbell rang since the last scan.
+    Every block decides from the same snapshot (S_DOORBELL_NOW, taken before a grid barrier), so
+    either all of them scan their share of the slots or none does."""
+    if sched[S_DOORBELL_NOW] == sched[S_DOORBELL_SEEN]:
+        return
+    for slot in range(thread, state.shape[0], n_threads):
+        if load_acquire(state, slot) == PREFILL_PENDING:
+            k = cuda.atomic.add(sched, S_CANDIDATES, 1)
+            if k < MAX_CANDIDATES:
+                candidates[k] = slot
+
+
+# --- B: schedule (block 0) ----------------------------------------------------------------------
+@cuda.jit(device=True)
+def free_lane(lane, lanes, block_tables, free_blocks, free_top):
+    """Give a lane's KV blocks back to the free stack and empty the lane."""
+    n = 0
+    while n < block_tables.shape[1] and block_tables[lane, n] >= 0:
+        n += 1
+    base = cuda.atomic.add(free_top, 0, n)  # several threads may free lanes at once
+    for j in range(n):
+        free_blocks[base + j] = block_tables[lane, j]
+        block_tables[lane, j] = -1
+    lanes[lane, L_SLOT] = -1
+
+
+@cuda.jit(device=True)
+def complete_slot(slot, reason, state, finish_reason):
+    """The reason first, then the state the frontend polls for (DECODE_COMPLETED: theirs now)."""
+    store_release(finish_reason, slot, reason)
+    store_release(state, slot, DECODE_COMPLETED)
+
+
+@cuda.jit(device=True)
+def finish_cancelled(lanes, cancel, state, finish_reason, block_tables, free_blocks, free_top):
+    for lane in range(cuda.threadIdx.x, lanes.shape[0], THREADS):
+        slot = lanes[lane, L_SLOT]
+        if slot >= 0 and load_acquire(cancel, slot) != 0:
+            free_lane(lane, lanes, block_tables, free_blocks, free_top)
+            complete_slot(slot, FINISH_ABORT, state, finish_reason)
+
+
+@cuda.jit(device=True)
+def admit_candidates(state, arrival_ns, claim_ns, prompt_len, max_tokens, seed, temperature,
+                     top_p, top_k, prompt_tokens, finish_reason, lanes, block_tables, free_blocks,
+                     free_top, sched, control, candidates, vocab_size, max_model_len, block_size,
+                     ring_in_device_memory):
+    """Claim noted slots oldest first while a lane and their KV blocks are free (thread 0 decides;
+    the block checks each prompt's token ids in parallel). False if one had to wait."""
+    tid = cuda.threadIdx.x
+    verdict = cuda.shared.array(1, int32)  # ADMIT, ERROR, WAIT (no room) or SKIP (not pending)
+    n_cand = min(sched[S_CANDIDATES], MAX_CANDIDATES)
+    for k in range(n_cand):
+        if tid == 0:
+            oldest_first(candidates, k, n_cand, arrival_ns)
+            slot = candidates[k]
+            verdict[0] = ADMIT
+            if load_acquire(state, slot) != PREFILL_PENDING:
+                verdict[0] = SKIP
+            elif request_error(slot, prompt_len, max_tokens, temperature, top_p, top_k,
+                               prompt_tokens.shape[1], max_model_len):
+                verdict[0] = ERROR
+        cuda.syncthreads()
+        slot = candidates[k]
+        if verdict[0] == ADMIT:  # every prompt token must be a real token id
+            for i in range(tid, prompt_len[slot], THREADS):
+                if prompt_tokens[slot, i] < 0 or prompt_tokens[slot, i] >= vocab_size:
+                    verdict[0] = ERROR
+        cuda.syncthreads()
+        if tid == 0 and verdict[0] != SKIP:
+            verdict[0] = place_request(slot, verdict[0], state, claim_ns, prompt_len, max_tokens,
+                                       seed, finish_reason, lanes, block_tables, free_blocks, free_top,
+                                       sched, control, block_size, ring_in_device_memory)
+        cuda.syncthreads()
+        if verdict[0] == WAIT:
+            return False  # FCFS: nobody overtakes the oldest request that does not fit
+    return True
+
+
+ADMIT, ERROR, WAIT, SKIP = 0, 1, 2, 3
+
+
+@cuda.jit(device=True)
+def oldest_first(candidates, k, n, arrival_ns):
+    """Swap the oldest of candidates[k:n] into position k (one step of a selection sort)."""
+    best = k
+    for j in range(k + 1, n):
+        if arrival_ns[candidates[j]] < arrival_ns[candidates[best]]:
+            best = j
+    candidates[k], candidates[best] = candidates[best], candidates[k]
+
+
+@cuda.jit(device=True)
+def request_error(slot, prompt_len, max_tokens, temperature, top_p, top_k, max_prompt,
+                  max_model_len):
+    """True if the slot's scalar fields are out of range (the frontend is not trusted)."""
+    n, m = prompt_len[slot], max_tokens[slot]
+    return (n < 1 or n > max_prompt or m < 1 or n + m > max_model_len
+            or not temperature[slot] >= 0 or not (0 < top_p[slot] <= 1) or top_k[slot] < 0)
+
+
+@cuda.jit(device=True)
+def claim_slot(state, slot, ring_in_device_memory):
+    """PREFILL_PENDING -> PREFILL_PROCESSING; True if this thread made the move."""
+    if ring_in_device_memory:
+        return cuda.atomic.cas(state, slot, PREFILL_PENDING, PREFILL_PROCESSING) == PREFILL_PENDING
+    if load_acquire(state, slot) != PREFILL_PENDING:
+        return False
+    store_release(state, slot, PREFILL_PROCESSING)
+    return True
+
+
+@cuda.jit(device=True)
+def place_request(slot, verdict, state, claim_ns, prompt_len, max_tokens, seed, finish_reason, lanes,
+                  block_tables, free_blocks, free_top, sched, control, block_size,
+                  ring_in_device_memory):
+    """Thread 0: claim ``slot`` and give it a lane and its blocks. Returns the final verdict."""
+    lane = -1
+    for s in range(lanes.shape[0]):
+        if lanes[s, L_SLOT] < 0:
+            lane = s
+            break
+    n, m = prompt_len[slot], max_tokens[slot]
+    need = (n + m - 1 + block_size - 1) // block_size  # the last sampled token needs no K/V
+    if verdict == ADMIT and (lane < 0 or need > free_top[0] or need > block_tables.shape[1]):
+        return WAIT
+    if not claim_slot(state, slot, ring_in_device_memory):
+        return SKIP
+    claim_ns[slot] = globaltimer_ns() + sched[S_CLOCK_OFFSET]
+    store_release(control, C_CLAIMED, control[C_CLAIMED] + 1)
+    if verdict == ERROR:
+        complete_slot(slot, FINISH_ERROR, state, finish_reason)
+        return ERROR
+    for j in range(need):
+        free_top[0] -= 1
+        block_tables[lane, j] = free_blocks[free_top[0]]
+    lanes[lane, L_SLOT] = slot
+    lanes[lane, L_CACHED] = 0
+    lanes[lane, L_LEN] = n
+    lanes[lane, L_PROMPT] = n
+    lanes[lane, L_GEN] = 0
+    lanes[lane, L_ORDER] = sched[S_ADMITTED]
+    lanes[lane, L_SEED] = seed_of(seed[slot], slot)
+    sched[S_ADMITTED] += 1
+    return ADMIT
+
+
+@cuda.jit(device=True)
+def plan_step(lanes, sched, budget):
+    """Thread 0: how many tokens each lane runs this step (lanes[:, L_SCHED]) and which lanes
+    sample (lanes[:, L_SAMPLE_ROW]): decodes first, then prompt chunks oldest first."""
+    S = lanes.shape[0]
+    n_tokens = 0
+    n_rows = 0
+    for s in range(S):
+        lanes[s, L_SCHED] = 0
+        lanes[s, L_SAMPLE_ROW] = -1
+        if lanes[s, L_SLOT] >= 0 and lanes[s, L_CACHED] >= lanes[s, L_PROMPT] and n_tokens < budget:
+            lanes[s, L_SCHED] = 1  # decoding: one token, always caught up afterwards
+            n_tokens += 1
+    while n_tokens < budget:  # prompt chunks, oldest admission first
+        oldest = -1
+        for s in range(S):
+            if (lanes[s, L_SLOT] >= 0 and lanes[s, L_SCHED] == 0
+                    and lanes[s, L_CACHED] < lanes[s, L_PROMPT]
+                    and (oldest < 0 or lanes[s, L_ORDER] < lanes[oldest, L_ORDER])):
+                oldest = s
+        if oldest < 0:
+            break
+        chunk = min(lanes[oldest, L_LEN] - lanes[oldest, L_CACHED], budget - n_tokens)
+        lanes[oldest, L_SCHED] = chunk
+        n_tokens += chunk
+    for s in range(S):  # a lane samples when this step brings it up to date
+        if lanes[s, L_SCHED] > 0 and lanes[s, L_CACHED] + lanes[s, L_SCHED] == lanes[s, L_LEN]:
+            lanes[s, L_SAMPLE_ROW] = n_rows
+            n_rows += 1
+    sched[S_TOKENS] = n_tokens
+    sched[S_ROWS] = n_rows
+
+
+@cuda.jit(device=True)
+def fill_step(lanes, prompt_tokens, output_tokens, temperature, top_p, top_k, token_ids,
+              positions, seq_rows, logit_rows, step_temperature, step_top_p, step_top_k,
+              step_seeds, counters, row_lane):
+    """Block 0: write the planned step into the flat-batch arrays (lane by lane; a lane's tokens
+    are spread over the threads, since its prompt lives in host memory)."""
+    tid = cuda.threadIdx.x
+    start = 0
+    for s in range(lanes.shape[0]):  # every thread walks the lanes; each writes its tokens
+        n = lanes[s, L_SCHED]
+        if n == 0:
+            continue
+        slot, cached, prompt = lanes[s, L_SLOT], lanes[s, L_CACHED], lanes[s, L_PROMPT]
+        for j in range(tid, n, THREADS):
+            p = cached + j
+            token_ids[start + j] = prompt_tokens[slot, p] if p < prompt else output_tokens[slot, p - prompt]
+            positions[start + j] = p
+            seq_rows[start + j] = s
+        r = lanes[s, L_SAMPLE_ROW]
+        if r >= 0 and tid == 0:
+            logit_rows[r] = start + n - 1
+            row_lane[r] = s
+            step_temperature[r] = temperature[slot]
+            step_top_p[r] = top_p[slot]
+            step_top_k[r] = top_k[slot]
+            step_seeds[r] = lanes[s, L_SEED]
+            counters[r] = lanes[s, L_GEN]
+        start += n
+
+
+@cuda.jit(device=True)
+def seed_of(seed, slot):
+    """The request's seed (low 32 bits, as the reference uses it), or, when it names none, one
+    drawn from the GPU clock."""
+    if seed >= 0:
+        return seed & 0xFFFFFFFF
+    return lowbias32(globaltimer_ns() ^ int64(slot))
+
+
+# --- C: forward (every block) -------------------------------------------------------------------
+@cuda.jit(device=True)
+def forward(grid, T, R, embed, attn_norm, w_qkv, b_qkv, w_o, b_o, mlp_norm, w_gate_up, b_gate_up,
+            w_down, b_down, final_norm, lm_head, no_norm, eps, cos, sin, kv_pool, num_heads,
+            num_kv_heads, x, qkv, attn, gate_up, act, logits, all_rows, token_ids, positions,
+            seq_rows, block_tables, logit_rows, step_temperature, step_top_p, step_top_k,
+            step_seeds, counters, tokens):
+    """The model over T tokens and R sampled rows, every op a device function, a barrier after
+    each (the next op reads what every block wrote)."""
+    blk, nb = cuda.blockIdx.x, cuda.gridDim.x
+    rows = all_rows[:T]
+    embed_tokens(embed, token_ids[:T], x[:T], blk, nb)
+    grid.sync()
+    for i in range(w_qkv.shape[0]):
+        linear(x[:T], rows, attn_norm[i], eps, w_qkv[i], b_qkv[i], qkv[:T], 0, blk, nb)
+        grid.sync()
+        rope_and_write_kv(qkv[:T], positions[:T], seq_rows[:T], block_tables, cos, sin, kv_pool,
+                          i, num_heads, num_kv_heads, blk, nb)
+        grid.sync()
+        paged_attention(qkv[:T], positions[:T], seq_rows[:T], block_tables, kv_pool, i,
+                        num_heads, num_kv_heads, attn[:T], blk, nb)
+        grid.sync()
+        linear(attn[:T], rows, no_norm, eps, w_o[i], b_o[i], x[:T], 1, blk, nb)
+        grid.sync()
+        linear(x[:T], rows, mlp_norm[i], eps, w_gate_up[i], b_gate_up[i], gate_up[:T], 0, blk, nb)
+        grid.sync()
+        swiglu(gate_up[:T], act[:T], blk, nb)
+        grid.sync()
+        linear(act[:T], rows, no_norm, eps, w_down[i], b_down[i], x[:T], 1, blk, nb)
+        grid.sync()
+    linear(x[:T], logit_rows[:R], final_norm, eps, lm_head, no_norm, logits[:R], 0, blk, nb)
+    grid.sync()
+    sample_rows(logits[:R], step_temperature[:R], step_top_p[:R], step_top_k[:R], step_seeds[:R],
+                counters[:R], tokens[:R], blk, nb)
+
+
+# --- D: publish (block 0) -----------------------------------------------------------------------
+@cuda.jit(device=True)
+def publish(lanes, tokens, row_lane, R, state, output_tokens, generated, first_token_ns,
+            last_token_ns, finish_reason, max_tokens, stop_ids, ignore_eos, eos_ids, block_tables,
+            free_blocks, free_top, max_model_len, now_ns):
+    """Thread per sampled row: the token into the arena, then ``generated`` (release), then the
+    state; the stop rules; a finished lane gives its blocks back. Then every lane's progress."""
+    tid = cuda.threadIdx.x
+    for s in range(tid, lanes.shape[0], THREADS):  # what this step cached
+        lanes[s, L_CACHED] += lanes[s, L_SCHED]
+    cuda.syncthreads()
+    for r in range(tid, R, THREADS):
+        lane = row_lane[r]
+        slot, n, token = lanes[lane, L_SLOT], lanes[lane, L_GEN], tokens[r]
+        output_tokens[slot, n] = token
+        last_token_ns[slot] = now_ns
+        if n == 0:
+            first_token_ns[slot] = now_ns
+        store_release(generated, slot, n + 1)  # the frontend reads up to here
+        if n == 0:
+            store_release(state, slot, DECODE_PROCESSING)
+        lanes[lane, L_GEN] = n + 1
+        lanes[lane, L_LEN] += 1
+        reason = stop_reason(token, n + 1, lanes[lane, L_LEN], slot, max_tokens, stop_ids,
+                             ignore_eos, eos_ids, max_model_len)
+        if reason != 0:
+            free_lane(lane, lanes, block_tables, free_blocks, free_top)
+            complete_slot(slot, reason, state, finish_reason)
+
+
+@cuda.jit(device=True)
+def stop_reason(token, n_generated, n_tokens, slot, max_tokens, stop_ids, ignore_eos, eos_ids,
+                max_model_len):
+    """FINISH_STOP for EOS (unless ignored) or a stop id; FINISH_LENGTH at max_tokens or the
+    context limit; 0 to go on. (The same rules as the host scheduler's ``postprocess``.)"""
+    for j in range(stop_ids.shape[1]):
+        if stop_ids[slot, j] == token:
+            return FINISH_STOP
+    if ignore_eos[slot] == 0:
+        for j in range(eos_ids.shape[0]):
+            if eos_ids[j] == token:
+                return FINISH_STOP
+    if n_generated >= max_tokens[slot] or n_tokens >= max_model_len:
+        return FINISH_LENGTH
+    return 0
+
+
+# --- the kernel ---------------------------------------------------------------------------------
+@cuda.jit
+def persistent_scheduler_kernel(
+        # the ring (host memory mapped into the GPU, or device memory)
+        state, doorbell, arrival_ns, claim_ns, first_token_ns, last_token_ns, prompt_len,
+        max_tokens, top_k, seed, temperature, top_p, stop_ids, ignore_eos, cancel, generated,
+        finish_reason, prompt_tokens, output_tokens, control,
+        # the model (per-layer weights stacked on a leading layer axis)
+        embed, attn_norm, w_qkv, b_qkv, w_o, b_o, mlp_norm, w_gate_up, b_gate_up, w_down, b_down,
+        final_norm, lm_head, no_norm, eps, cos, sin, kv_pool, num_heads, num_kv_heads, eos_ids,
+        # activations and the step's flat batch
+        x, qkv, attn, gate_up, act, logits, all_rows, token_ids, positions, seq_rows, logit_rows,
+        step_temperature, step_top_p, step_top_k, step_seeds, counters, tokens, row_lane,
+        # the scheduler's own state
+        lanes, block_tables, free_blocks, free_top, sched, candidates, budget, max_model_len,
+        ring_in_device_memory):
+    grid = cuda.cg.this_grid()
+    tid = cuda.threadIdx.x
+    leader = cuda.blockIdx.x == 0
+    n_threads = cuda.gridDim.x * THREADS
+    thread = cuda.blockIdx.x * THREADS + tid
+    block_size = kv_pool.shape[3]
+    while True:
+        # A: scan (every block), from one snapshot of the doorbell. A frontend makes its slot
+        # PENDING before it rings, so every slot rung for up to the snapshot is seen by the scan.
+        if leader and tid == 0:
+            sched[S_SCAN_START] = globaltimer_ns()
+            sched[S_DOORBELL_NOW] = load_acquire(doorbell, 0)
+        grid.sync()
+        scan_ring(state, sched, candidates, thread, n_threads)
+        grid.sync()
+        # B: schedule (block 0)
+        if leader:
+            if tid == 0:
+                sched[S_STOP] = load_acquire(control, C_STOP)
+                store_release(control, C_HEARTBEAT, control[C_HEARTBEAT] + 1)
+                if sched[S_CANDIDATES] > 0:
+                    sched[S_SCANS] += 1
+                    sched[S_SCAN_NS] = globaltimer_ns() - sched[S_SCAN_START]
+            finish_cancelled(lanes, cancel, state, finish_reason, block_tables, free_blocks,
+                             free_top)
+            cuda.syncthreads()
+            if admit_candidates(state, arrival_ns, claim_ns, prompt_len, max_tokens, seed,
+                                temperature, top_p, top_k, prompt_tokens, finish_reason, lanes, block_tables,
+                                free_blocks, free_top, sched, control, candidates,
+                                embed.shape[0], max_model_len, block_size,
+                                ring_in_device_memory):
+                if tid == 0 and sched[S_CANDIDATES] <= MAX_CANDIDATES:
+                    sched[S_DOORBELL_SEEN] = sched[S_DOORBELL_NOW]  # all admitted: no rescan
+            cuda.syncthreads()
+            if tid == 0:
+                sched[S_CANDIDATES] = 0
+                plan_step(lanes, sched, budget)
+            cuda.syncthreads()
+            fill_step(lanes, prompt_tokens, output_tokens, temperature, top_p, top_k,
+                      token_ids, positions, seq_rows, logit_rows, step_temperature, step_top_p,
+                      step_top_k, step_seeds, counters, row_lane)
+        grid.sync()
+        if sched[S_STOP] != 0:
+            return
+        T, R = sched[S_TOKENS], sched[S_ROWS]
+        if T == 0:
+            if leader and tid == 0:
+                sched[S_IDLE] += 1
+                pause_ns(IDLE_SLEEP_NS)
+            continue
+        # C: forward (every block)
+        forward(grid, T, R, embed, attn_norm, w_qkv, b_qkv, w_o, b_o, mlp_norm, w_gate_up,
+                b_gate_up, w_down, b_down, final_norm, lm_head, no_norm, eps, cos, sin, kv_pool,
+                num_heads, num_kv_heads, x, qkv, attn, gate_up, act, logits, all_rows, token_ids,
+                positions, seq_rows, block_tables, logit_rows, step_temperature, step_top_p,
+                step_top_k, step_seeds, counters, tokens)
+        grid.sync()
+        # D: publish (block 0)
+        if leader:
+            publish(lanes, tokens, row_lane, R, state, output_tokens, generated, first_token_ns,
+                    last_token_ns, finish_reason, max_tokens, stop_ids, ignore_eos, eos_ids,
+                    block_tables, free_blocks, free_top, max_model_len,
+                    globaltimer_ns() + sched[S_CLOCK_OFFSET])
+            if tid == 0:
+                sched[S_STEPS] += 1
+                store_release(control, C_STEPS, sched[S_STEPS])
+                store_release(control, C_SCAN_NS, sched[S_SCAN_NS])
+                store_release(control, C_SCANS, sched[S_SCANS])
