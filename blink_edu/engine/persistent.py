@@ -34,7 +34,7 @@ from ..kv.pool import allocate_kv_pool
 from ..model.reference import rope_tables
 from ..model.weights import ModelWeights
 from ..ring.layout import Ring
-from ..ring.placement import host_words, map_ring_for_gpu
+from ..ring.placement import host_words, map_ring_for_gpu, unmap_ring
 from . import persistent_kernel as pk
 
 RING_FIELDS = ("state", "doorbell", "arrival_ns", "claim_ns", "first_token_ns", "last_token_ns",
@@ -115,6 +115,7 @@ class PersistentExecutor:
             free_top=cuda.to_device(np.array([N], i32)),
             sched=cuda.to_device(self._initial_sched()),
             candidates=cuda.device_array(pk.MAX_CANDIDATES, i32))
+        self.num_kv_blocks = N
         self.control = host_words(pk.NUM_CONTROL_WORDS)  # (C,) int64 host memory the GPU sees
         self.ring_views, self.ring_in_device_memory = map_ring_for_gpu(ring, RING_FIELDS)
         self.budget, self.eps = T, np.float32(cfg.rms_norm_eps)
@@ -203,6 +204,7 @@ class PersistentExecutor:
                 time.sleep(1e-3)
             self._stream.synchronize()  # raises if the kernel faulted
             self._stream = None
+            unmap_ring(self.ring)
         if self.error is not None:
             raise RuntimeError("the persistent kernel failed") from self.error
 
@@ -211,4 +213,5 @@ class PersistentExecutor:
         c = self.control.host
         return dict(steps=int(c[pk.C_STEPS]), heartbeat=int(c[pk.C_HEARTBEAT]),
                     claimed=int(c[pk.C_CLAIMED]), last_scan_ns=int(c[pk.C_SCAN_NS]),
-                    scans=int(c[pk.C_SCANS]))
+                    scans=int(c[pk.C_SCANS]), running=int(c[pk.C_RUNNING]),
+                    free_blocks=int(c[pk.C_FREE_BLOCKS]))

@@ -64,7 +64,7 @@ NUM_LANE_FIELDS = 9
  S_SCAN_START, S_STEPS, S_SCAN_NS, S_SCANS, S_IDLE, S_CLOCK_OFFSET) = range(13)
 NUM_SCHED_WORDS = 13
 # control[word]: shared with the host (mapped memory)
-C_STOP, C_STEPS, C_HEARTBEAT, C_SCAN_NS, C_SCANS, C_CLAIMED = range(6)
+C_STOP, C_STEPS, C_HEARTBEAT, C_SCAN_NS, C_SCANS, C_CLAIMED, C_RUNNING, C_FREE_BLOCKS = range(8)
 NUM_CONTROL_WORDS = 8
 CANDIDATES_SHAPE = (MAX_CANDIDATES,)
 IDLE_SLEEP_NS = 2000
@@ -118,8 +118,8 @@ def finish_cancelled(lanes, cancel, state, finish_reason, block_tables, free_blo
 @cuda.jit(device=True)
 def admit_candidates(state, arrival_ns, claim_ns, prompt_len, max_tokens, seed, temperature,
                      top_p, top_k, prompt_tokens, finish_reason, lanes, block_tables, free_blocks,
-                     free_top, sched, control, candidates, vocab_size, max_model_len, block_size,
-                     ring_in_device_memory):
+                     free_top, sched, control, candidates, vocab_size, output_tokens_width,
+                     max_model_len, block_size, ring_in_device_memory):
     """Claim noted slots oldest first while a lane and their KV blocks are free (thread 0 decides;
     the block checks each prompt's token ids in parallel). False if one had to wait."""
     tid = cuda.threadIdx.x
@@ -133,7 +133,7 @@ def admit_candidates(state, arrival_ns, claim_ns, prompt_len, max_tokens, seed, 
             if load_acquire(state, slot) != PREFILL_PENDING:
                 verdict[0] = SKIP
             elif request_error(slot, prompt_len, max_tokens, temperature, top_p, top_k,
-                               prompt_tokens.shape[1], max_model_len):
+                               prompt_tokens.shape[1], output_tokens_width, max_model_len):
                 verdict[0] = ERROR
         cuda.syncthreads()
         slot = candidates[k]
@@ -167,10 +167,11 @@ def oldest_first(candidates, k, n, arrival_ns):
 
 @cuda.jit(device=True)
 def request_error(slot, prompt_len, max_tokens, temperature, top_p, top_k, max_prompt,
-                  max_model_len):
-    """True if the slot's scalar fields are out of range (the frontend is not trusted)."""
+                  max_output, max_model_len):
+    """True if the slot's scalar fields are out of range (the frontend is not trusted: a bad
+    size must not overrun an arena)."""
     n, m = prompt_len[slot], max_tokens[slot]
-    return (n < 1 or n > max_prompt or m < 1 or n + m > max_model_len
+    return (n < 1 or n > max_prompt or m < 1 or m > max_output or n + m > max_model_len
             or not temperature[slot] >= 0 or not (0 < top_p[slot] <= 1) or top_k[slot] < 0)
 
 
@@ -420,7 +421,7 @@ def persistent_scheduler_kernel(
             if admit_candidates(state, arrival_ns, claim_ns, prompt_len, max_tokens, seed,
                                 temperature, top_p, top_k, prompt_tokens, finish_reason, lanes, block_tables,
                                 free_blocks, free_top, sched, control, candidates,
-                                embed.shape[0], max_model_len, block_size,
+                                embed.shape[0], output_tokens.shape[1], max_model_len, block_size,
                                 ring_in_device_memory):
                 if tid == 0 and sched[S_CANDIDATES] <= MAX_CANDIDATES:
                     sched[S_DOORBELL_SEEN] = sched[S_DOORBELL_NOW]  # all admitted: no rescan
@@ -454,7 +455,13 @@ def persistent_scheduler_kernel(
                     last_token_ns, finish_reason, max_tokens, stop_ids, ignore_eos, eos_ids,
                     block_tables, free_blocks, free_top, max_model_len,
                     globaltimer_ns() + sched[S_CLOCK_OFFSET])
+            cuda.syncthreads()
             if tid == 0:
+                running = 0
+                for s in range(lanes.shape[0]):
+                    running += 1 if lanes[s, L_SLOT] >= 0 else 0
+                store_release(control, C_RUNNING, running)
+                store_release(control, C_FREE_BLOCKS, free_top[0])
                 sched[S_STEPS] += 1
                 store_release(control, C_STEPS, sched[S_STEPS])
                 store_release(control, C_SCAN_NS, sched[S_SCAN_NS])

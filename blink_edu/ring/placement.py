@@ -68,6 +68,14 @@ def map_ring_for_gpu(ring: Ring, names) -> tuple[dict[str, object], bool]:
     return views, False
 
 
+def unmap_ring(ring: Ring) -> None:
+    """Undo ``map_ring_for_gpu`` (after the kernel using it has returned)."""
+    if not get_backend().is_simulator:
+        import cupy
+
+        cupy.cuda.runtime.hostUnregister(ring.raw.ctypes.data)
+
+
 @dataclass
 class HostWords:
     """A few int64 words in host memory that a kernel can poll and publish: ``host`` (NumPy)

@@ -57,21 +57,24 @@ def run_engine(ring_name: str, model_dir: str, engine_config, stop, board: Engin
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     from ..backend import describe  # imported here: this is the only process that runs kernels
-    from ..engine.llm_engine import LLMEngine
+    from ..engine.llm_engine import LLMEngine, resolve_executor
     from ..engine.ring_loop import RingEngineLoop
     from ..generate import stop_ids
     from ..model.tokenizer import Tokenizer
     from ..ring.layout import Ring
 
     ring = Ring.attach(ring_name)
+    eos = stop_ids(model_dir, Tokenizer.from_folder(model_dir))
+    parent = multiprocessing.parent_process()
     try:
-        engine = LLMEngine(model_dir, engine_config,
-                           eos_token_ids=stop_ids(model_dir, Tokenizer.from_folder(model_dir)))
+        if resolve_executor(engine_config.executor) == "persistent":
+            run_persistent(ring, model_dir, engine_config, eos, stop, board, parent)
+            return
+        engine = LLMEngine(model_dir, engine_config, eos_token_ids=eos)
         print(f"blink_edu.serve engine: executor={engine.executor.name}, {describe()}, "
               f"{engine_config.num_kv_blocks} KV blocks x {engine_config.block_size} tokens, "
               f"max_num_seqs={engine_config.max_num_seqs}", file=sys.stderr, flush=True)
         loop = RingEngineLoop(ring, engine, idle_sleep_s=idle_sleep_s)
-        parent = multiprocessing.parent_process()
         while not stop.value and parent.is_alive():  # an orphaned engine must not spin on
             worked = loop.run_once()
             board.publish(engine.stats())
@@ -79,3 +82,35 @@ def run_engine(ring_name: str, model_dir: str, engine_config, stop, board: Engin
                 time.sleep(idle_sleep_s)
     finally:
         ring.close()
+
+
+def run_persistent(ring, model_dir, engine_config, eos, stop, board, parent,
+                   poll_s: float = 0.05) -> None:
+    """The persistent executor: launch the scheduler kernel over the ring, then only watch.
+    This loop makes no CUDA call: it reads the kernel's counters from host memory for the stats
+    board and waits for the stop flag. (Stop this process with SIGSTOP and the kernel goes on
+    serving: Blink's claim, shown by ``python -m blink_edu.bench.persistent``.)"""
+    from ..backend import describe
+    from ..engine.llm_engine import kernel_weight_dtype
+    from ..engine.llm_engine import EngineStats
+    from ..engine.persistent import PersistentExecutor
+    from ..model.weights import load_weights
+
+    weights = load_weights(model_dir)
+    executor = PersistentExecutor(weights, engine_config, ring, eos_token_ids=eos,
+                                  weight_dtype=kernel_weight_dtype(weights, engine_config))
+    executor.start()
+    print(f"blink_edu.serve engine: executor=persistent ({executor.grid_blocks} blocks), "
+          f"{describe()}, {engine_config.num_kv_blocks} KV blocks x {engine_config.block_size} "
+          f"tokens, max_num_seqs={engine_config.max_num_seqs}", file=sys.stderr, flush=True)
+    try:
+        while not stop.value and parent.is_alive() and executor.alive():
+            counters = executor.stats()
+            board.publish(EngineStats(
+                num_running=counters["running"], num_waiting=0,
+                kv_blocks_used=executor.num_kv_blocks - counters["free_blocks"],
+                kv_blocks_free=counters["free_blocks"], num_steps=counters["steps"],
+                num_preemptions=0))
+            time.sleep(poll_s)
+    finally:
+        executor.stop()

@@ -1,0 +1,312 @@
+"""``python -m blink_edu.bench.persistent``: the host out of the loop, measured (GPU only).
+
+Issue 5; Blink §5 (CPU interference) and §7; DESIGN.md §9 (making the experiments fair). One run:
+
+1. **scan** — the persistent kernel's time to scan a 4096-slot ring (from its doorbell snapshot to
+   the end of the grid barrier after the scan, read from the kernel's own counters);
+2. **submit-to-claim** — ``claim_ns - arrival_ns`` of single requests (median, P99);
+3. **TTFT and TPOT** at batch 1, 8 and 64 for the eager, graph and persistent executors, all fed
+   through the same ring by the same frontend (this process's main thread), timestamps written by
+   the engine (the GPU clock for the persistent kernel, lined up with the host's);
+4. the same under a **CPU hog**: one busy process per core on every core but the frontend's (where
+   the eager and graph host loops live too, as the paper's baselines do), bounded in time and
+   stopped by the benchmark; each executor's TPOT inflation;
+5. the **SIGSTOP demonstration**: the engine process (persistent executor, as ``serve`` runs it) is
+   stopped with SIGSTOP mid-run while this process keeps submitting; every request completes.
+
+Writes ``bench/results/persistent.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import multiprocessing
+import os
+import signal
+import statistics
+import threading
+import time
+from dataclasses import replace
+
+import numpy as np
+
+from ..config import EngineConfig, SamplingParams
+from ..model.bundled import resolve_model_dir
+from ..model.weights import load_weights
+from ..ring import Ring, RingClient, RingLayout
+from .results import print_table, write_results
+
+LAYOUT = RingLayout(num_slots=4096, max_prompt_tokens=256, max_output_tokens=256)
+
+
+def percentile(values, q):
+    return float(np.percentile(np.asarray(values, dtype=np.float64), q)) if values else None
+
+
+# --- the executors, each serving a ring -----------------------------------------------------------
+class HostLoop:
+    """eager / graph: ``RingEngineLoop`` over ``LLMEngine`` in a host thread (pinned to ``cpus``)."""
+
+    def __init__(self, name, weights, engine_config, ring, eos, cpus):
+        from ..engine.llm_engine import LLMEngine
+        from ..engine.ring_loop import RingEngineLoop
+
+        self.name = name
+        self.loop = RingEngineLoop(ring, LLMEngine(weights, engine_config, eos_token_ids=eos),
+                                   idle_sleep_s=0)
+        self.cpus, self.stop_event = cpus, threading.Event()
+        self.thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self):
+        os.sched_setaffinity(threading.get_native_id(), self.cpus)
+        self.loop.run(self.stop_event)
+
+    def start(self):
+        self.thread.start()
+
+    def stop(self):
+        self.stop_event.set()
+        self.thread.join()
+
+
+class Persistent:
+    def __init__(self, weights, engine_config, ring, eos, cpus):
+        from ..engine.persistent import PersistentExecutor
+        from ..engine.llm_engine import kernel_weight_dtype
+
+        self.name = "persistent"
+        self.executor = PersistentExecutor(weights, engine_config, ring, eos_token_ids=eos,
+                                           weight_dtype=kernel_weight_dtype(weights, engine_config))
+
+    def start(self):
+        self.executor.start()
+
+    def stop(self):
+        self.executor.stop()
+
+
+# --- workloads ------------------------------------------------------------------------------------
+def run_batch(client: RingClient, batch: int, prompt_len: int, max_tokens: int, rng,
+              timeout_s: float = 120) -> list[dict]:
+    """Submit ``batch`` requests at once, wait for all; per-request timings from the ring."""
+    ring = client.ring
+    params = SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True)
+    slots = [client.submit(rng.integers(3, 4000, size=prompt_len).tolist(), params, request_id=i)
+             for i in range(batch)]
+    deadline = time.monotonic() + timeout_s
+    rows, pending = [], set(slots)
+    while pending:
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{len(pending)} of {batch} requests unfinished")
+        for slot in list(pending):
+            _, finished, reason = client.poll(slot, 0)
+            if finished:
+                n = int(ring.generated[slot])
+                first, last = int(ring.first_token_ns[slot]), int(ring.last_token_ns[slot])
+                rows.append(dict(ttft_us=(first - int(ring.arrival_ns[slot])) / 1e3,
+                                 tpot_us=(last - first) / 1e3 / max(1, n - 1),
+                                 claim_us=(int(ring.claim_ns[slot]) - int(ring.arrival_ns[slot])) / 1e3,
+                                 tokens=n, reason=reason))
+                client.release(slot)
+                pending.discard(slot)
+        time.sleep(20e-6)
+    return rows
+
+
+def summarize(rows: list[dict]) -> dict:
+    return dict(ttft_us=statistics.median(r["ttft_us"] for r in rows),
+                tpot_us=statistics.median(r["tpot_us"] for r in rows),
+                claim_us_median=statistics.median(r["claim_us"] for r in rows),
+                claim_us_p99=percentile([r["claim_us"] for r in rows], 99))
+
+
+def _hog(deadline: float) -> None:
+    x = 0
+    while time.time() < deadline:
+        x = (x * 1103515245 + 12345) & 0xFFFFFFFF
+
+
+class CpuHog:
+    """One busy process per core in ``cpus``, for at most ``seconds``."""
+
+    def __init__(self, cpus, seconds: float):
+        ctx = multiprocessing.get_context("fork")
+        self.procs = [ctx.Process(target=_pinned_hog, args=(cpu, time.time() + seconds), daemon=True)
+                      for cpu in cpus]
+
+    def __enter__(self):
+        for p in self.procs:
+            p.start()
+        time.sleep(0.5)
+        return self
+
+    def __exit__(self, *exc):
+        for p in self.procs:
+            p.kill()
+            p.join()
+
+
+def _pinned_hog(cpu, deadline):
+    os.sched_setaffinity(0, {cpu})
+    _hog(deadline)
+
+
+# --- the SIGSTOP demonstration ---------------------------------------------------------------------
+def sigstop_demo(model_dir, engine_config, n_before=4, n_during=8, max_tokens=48) -> dict:
+    """Engine process (persistent) + this process as the frontend; SIGSTOP the engine mid-run."""
+    from ..serve.engine_process import EngineStatsBoard, run_engine
+
+    ctx = multiprocessing.get_context("spawn")
+    layout = RingLayout(num_slots=64, max_prompt_tokens=64, max_output_tokens=max_tokens)
+    ring = Ring.create(layout)
+    stop, board = ctx.RawValue("i", 0), EngineStatsBoard(ctx)
+    proc = ctx.Process(target=run_engine, args=(ring.name, str(model_dir), engine_config, stop, board))
+    proc.start()
+    client, rng = RingClient(ring), np.random.default_rng(7)
+    params = SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True)
+    result = dict(passed=False)
+    try:
+        deadline = time.monotonic() + 300
+        while board.read() is None or board.read()["num_steps"] < 0:
+            if time.monotonic() > deadline or not proc.is_alive():
+                raise RuntimeError("engine process did not start")
+            time.sleep(0.1)
+        slots = [client.submit(rng.integers(3, 4000, size=16).tolist(), params, request_id=i)
+                 for i in range(n_before)]
+        while all(int(ring.generated[s]) == 0 for s in slots):  # the kernel is serving
+            if time.monotonic() > deadline:
+                raise RuntimeError("no token before SIGSTOP")
+            time.sleep(1e-3)
+        os.kill(proc.pid, signal.SIGSTOP)
+        with open(f"/proc/{proc.pid}/stat") as f:
+            result["engine_state_during"] = f.read().split()[2]  # 'T': stopped
+        slots += [client.submit(rng.integers(3, 4000, size=16).tolist(), params, request_id=100 + i)
+                  for i in range(n_during)]
+        done = {}
+        while len(done) < len(slots) and time.monotonic() < deadline:
+            for s in slots:
+                if s not in done:
+                    tokens, finished, reason = client.poll(s, 0)
+                    if finished:
+                        done[s] = (len(tokens), reason)
+            time.sleep(1e-3)
+        result.update(submitted=len(slots), completed=len(done),
+                      completed_while_stopped=len(done),
+                      all_full_length=all(n == max_tokens for n, _ in done.values()))
+        with open(f"/proc/{proc.pid}/stat") as f:
+            result["engine_state_after"] = f.read().split()[2]
+        result["passed"] = (result["engine_state_during"] == "T" and len(done) == len(slots)
+                            and result["all_full_length"])
+    finally:
+        os.kill(proc.pid, signal.SIGCONT)
+        stop.value = 1
+        proc.join(60)
+        if proc.is_alive():
+            proc.kill()
+        ring.close()
+        ring.unlink()
+    return result
+
+
+# --- main -----------------------------------------------------------------------------------------
+def scan_and_claim(executor, client, rng, n=30) -> dict:
+    """Single requests, one at a time: the kernel's scan time and submit-to-claim latency."""
+    scans, claims = [], []
+    for _ in range(n):
+        rows = run_batch(client, 1, 8, 2, rng)
+        claims.append(rows[0]["claim_us"])
+        scans.append(executor.stats()["last_scan_ns"] / 1e3)
+    return dict(scan_us_median=statistics.median(scans), scan_us_p99=percentile(scans, 99),
+                claim_us_median=statistics.median(claims), claim_us_p99=percentile(claims, 99))
+
+
+def main(argv=None) -> int:
+    from ..backend import get_backend
+    from ..generate import stop_ids
+    from ..model.tokenizer import Tokenizer
+
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--batches", default="1,8,64")
+    parser.add_argument("--prompt-len", type=int, default=16)
+    parser.add_argument("--max-tokens", type=int, default=32)
+    parser.add_argument("--executors", default="eager,graph,persistent")
+    parser.add_argument("--hog-seconds", type=float, default=60)
+    parser.add_argument("--skip-sigstop", action="store_true")
+    parser.add_argument("--out", default=None)
+    args = parser.parse_args(argv)
+    if get_backend().is_simulator:
+        print("bench.persistent needs a GPU (the persistent kernel in the simulator is for tests)")
+        return 2
+    folder = resolve_model_dir()
+    weights, eos = load_weights(folder), stop_ids(folder, Tokenizer.from_folder(folder))
+    batches = [int(b) for b in args.batches.split(",")]
+    engine_config = EngineConfig(block_size=16, num_kv_blocks=1024, max_num_seqs=max(batches),
+                                 max_num_batched_tokens=512, weight_dtype="float16")
+    cpus = sorted(os.sched_getaffinity(0))
+    frontend_cpu, other_cpus = cpus[0], cpus[1:]
+    os.sched_setaffinity(0, {frontend_cpu})  # the frontend: this thread, on its own core
+    rng = np.random.default_rng(0)
+    results, table = {}, []
+    for name in args.executors.split(","):
+        ring = Ring(bytearray(LAYOUT.nbytes), LAYOUT)
+        client = RingClient(ring)
+        cls = Persistent if name == "persistent" else HostLoop
+        runner = (cls(weights, engine_config, ring, eos, set(other_cpus)) if cls is Persistent
+                  else HostLoop(name, weights, replace(engine_config, executor=name), ring, eos,
+                                set(other_cpus)))
+        runner.start()
+        entry = {"quiet": {}, "hog": {}}
+        try:
+            for b in batches:
+                run_batch(client, b, args.prompt_len, args.max_tokens, rng)  # warm-up / capture
+                entry["quiet"][b] = summarize(run_batch(client, b, args.prompt_len, args.max_tokens, rng))
+                print(f"  {name:10s} B={b:3d} quiet  {entry['quiet'][b]}", flush=True)
+            if name == "persistent":
+                entry["scan_claim"] = scan_and_claim(runner.executor, client, rng)
+                print(f"  persistent scan/claim {entry['scan_claim']}", flush=True)
+            with CpuHog(other_cpus, args.hog_seconds):
+                for b in batches:
+                    entry["hog"][b] = summarize(run_batch(client, b, args.prompt_len, args.max_tokens, rng))
+                    print(f"  {name:10s} B={b:3d} hog    {entry['hog'][b]}", flush=True)
+        finally:
+            runner.stop()
+        for b in batches:
+            q, h = entry["quiet"][b], entry["hog"].get(b)
+            table.append(dict(executor=name, batch=b, ttft_us=q["ttft_us"], tpot_us=q["tpot_us"],
+                              hog_tpot_us=h and h["tpot_us"],
+                              inflation=h and h["tpot_us"] / q["tpot_us"]))
+        results[name] = entry
+    results["persistent_device_graph"] = {"status": "not implemented (see issue 5 notes)"}
+    print()
+    print_table(table, ["executor", "batch", "ttft_us", "tpot_us", "hog_tpot_us", "inflation"])
+    if not args.skip_sigstop:
+        results["sigstop"] = sigstop_demo(folder, EngineConfig(
+            executor="persistent", block_size=16, num_kv_blocks=256, max_num_seqs=16,
+            max_num_batched_tokens=256, weight_dtype="float16"))
+        print("SIGSTOP demonstration:", results["sigstop"], flush=True)
+
+    def tpot(name, b, kind="quiet"):
+        return results.get(name, {}).get(kind, {}).get(b, {}).get("tpot_us")
+
+    summary = dict(
+        scan_4096_us=results.get("persistent", {}).get("scan_claim", {}).get("scan_us_median"),
+        submit_to_claim_us_median=results.get("persistent", {}).get("scan_claim", {}).get("claim_us_median"),
+        submit_to_claim_us_p99=results.get("persistent", {}).get("scan_claim", {}).get("claim_us_p99"),
+        persistent_over_graph_tpot_b1=(tpot("persistent", 1) / tpot("graph", 1)
+                                       if tpot("persistent", 1) and tpot("graph", 1) else None),
+        persistent_hog_inflation_b1=(tpot("persistent", 1, "hog") / tpot("persistent", 1)
+                                     if tpot("persistent", 1, "hog") else None),
+        eager_hog_inflation_b1=(tpot("eager", 1, "hog") / tpot("eager", 1)
+                                if tpot("eager", 1, "hog") else None),
+        graph_hog_inflation_b1=(tpot("graph", 1, "hog") / tpot("graph", 1)
+                                if tpot("graph", 1, "hog") else None),
+        sigstop_passed=results.get("sigstop", {}).get("passed"),
+    )
+    path = write_results("persistent", vars(args), results, summary, args.out)
+    print("summary:", summary)
+    print(f"wrote {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

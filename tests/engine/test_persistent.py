@@ -1,0 +1,142 @@
+"""The persistent scheduler kernel against the oracle (``reference.generate``), in the simulator
+(one block; the GPU-marked copies of these checks run on the H200 via tools/run_gpu_tests.sh).
+
+Requests go in through the ring exactly as the server's frontend writes them; the kernel claims,
+batches (decodes first, prompt chunks within the token budget), runs the model and publishes. We
+check: greedy and seeded tokens equal the reference's; a bad payload fails its own slot only;
+several frontend threads submitting and cancelling at random never get a slot claimed twice, every
+request completes or is cancelled, and afterwards every slot is EMPTY and every KV block free."""
+
+from __future__ import annotations
+
+import threading
+import time
+from contextlib import contextmanager
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from blink_edu.config import EngineConfig, ModelConfig, SamplingParams
+from blink_edu.engine import persistent_kernel as pk
+from blink_edu.engine.persistent import PersistentExecutor
+from blink_edu.model import reference
+from blink_edu.model.weights import random_weights
+from blink_edu.ring import EMPTY, Ring, RingClient, RingLayout
+
+MICRO = dict(model_type="llama", vocab_size=64, hidden_size=32, intermediate_size=48,
+             num_hidden_layers=1, num_attention_heads=4, num_key_value_heads=2,
+             max_position_embeddings=64, rope_theta=10000.0, rms_norm_eps=1e-5,
+             tie_word_embeddings=True, eos_token_id=2)
+LAYOUT = RingLayout(num_slots=8, max_prompt_tokens=16, max_output_tokens=6)
+# 2 lanes and a budget of 8 tokens: an 11-token prompt is prefilled in two chunks, and a third
+# request must wait in the ring until a lane frees up.
+CONFIG = EngineConfig(block_size=4, num_kv_blocks=12, max_num_seqs=2, max_num_batched_tokens=8)
+TIMEOUT_S = 240
+
+
+@pytest.fixture(scope="module")
+def weights():
+    return random_weights(ModelConfig.from_dict(MICRO), seed=3, scale=0.4)
+
+
+@contextmanager
+def running(weights, eos=()):
+    ring = Ring(bytearray(LAYOUT.nbytes), LAYOUT)
+    executor = PersistentExecutor(weights, CONFIG, ring, eos_token_ids=eos)
+    executor.start()
+    try:
+        yield ring, RingClient(ring), executor
+    finally:
+        executor.stop()
+
+
+def wait_all(client: RingClient, slots: list[int], deadline: float) -> dict[int, tuple]:
+    """Poll until every slot finished; returns slot -> (tokens, reason), each slot released."""
+    done = {}
+    while len(done) < len(slots):
+        assert time.monotonic() < deadline, "requests did not finish in time"
+        for slot in slots:
+            if slot not in done:
+                tokens, finished, reason = client.poll(slot, 0)
+                if finished:
+                    done[slot] = (tokens, reason)
+                    client.release(slot)
+        time.sleep(0.02)
+    return done
+
+
+def assert_all_free(ring: Ring, executor: PersistentExecutor):
+    assert (ring.state == EMPTY).all()
+    state = executor.scheduler_state
+    assert int(state["free_top"].copy_to_host()[0]) == CONFIG.num_kv_blocks
+    assert sorted(state["free_blocks"].copy_to_host().tolist()) == list(range(CONFIG.num_kv_blocks))
+    assert (state["lanes"].copy_to_host()[:, pk.L_SLOT] == -1).all()
+
+
+def test_greedy_and_seeded_tokens_equal_the_reference(weights, rng):
+    prompts = [rng.integers(3, 64, size=n).tolist() for n in (11, 3, 6)]
+    params = [SamplingParams(temperature=0, max_tokens=4, ignore_eos=True),
+              SamplingParams(temperature=0.9, top_k=20, top_p=0.9, seed=int(rng.integers(2**31)),
+                             max_tokens=5, ignore_eos=True),
+              SamplingParams(temperature=0, max_tokens=3, ignore_eos=True)]
+    expected = reference.generate(weights, prompts, params, block_size=CONFIG.block_size)
+    with running(weights) as (ring, client, executor):
+        slots = [client.submit(p, q, request_id=i) for i, (p, q) in enumerate(zip(prompts, params))]
+        done = wait_all(client, slots, time.monotonic() + TIMEOUT_S)
+        assert [done[s] for s in slots] == [(e, "length") for e in expected]
+        assert executor.stats()["claimed"] == 3
+        assert_all_free(ring, executor)
+
+
+def test_stop_rules_and_a_bad_payload(weights, rng):
+    prompt = rng.integers(3, 64, size=5).tolist()
+    free_run = reference.generate(weights, [prompt], SamplingParams(temperature=0, max_tokens=6,
+                                                                    ignore_eos=True))[0]
+    stop_at = free_run[2]  # a stop id that the greedy run meets at its 3rd token (or earlier)
+    with running(weights) as (ring, client, executor):
+        good = client.submit(prompt, SamplingParams(temperature=0, max_tokens=6, ignore_eos=True,
+                                                    stop_token_ids=(stop_at,)), request_id=0)
+        bad = client.submit([1, 999, 3], SamplingParams(max_tokens=2), request_id=1)  # 999: no token
+        done = wait_all(client, [good, bad], time.monotonic() + TIMEOUT_S)
+        cut = free_run.index(stop_at) + 1
+        assert done[good] == (free_run[:cut], "stop")
+        assert done[bad] == ([], "error")
+        assert_all_free(ring, executor)
+
+
+@settings(max_examples=3, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(data=st.data())
+def test_frontend_threads_submit_and_cancel(weights, data):
+    n_threads = 3
+    jobs = [[(data.draw(st.lists(st.integers(3, 63), min_size=1, max_size=9)),
+              data.draw(st.integers(1, 4)), data.draw(st.booleans()))
+             for _ in range(2)] for _ in range(n_threads)]
+    results: dict[tuple[int, int], tuple] = {}
+    with running(weights) as (ring, client, executor):
+        deadline = time.monotonic() + TIMEOUT_S
+
+        def frontend(t):
+            for j, (prompt, max_tokens, cancel) in enumerate(jobs[t]):
+                slot = client.submit(prompt, SamplingParams(temperature=0, max_tokens=max_tokens,
+                                                            ignore_eos=True), request_id=t * 10 + j)
+                if cancel:
+                    client.cancel(slot)
+                results[(t, j)] = wait_all(client, [slot], deadline)[slot]
+
+        threads = [threading.Thread(target=frontend, args=(t,)) for t in range(n_threads)]
+        for th in threads:
+            th.start()
+        for th in threads:
+            th.join()
+        assert executor.stats()["claimed"] == n_threads * 2  # each submission claimed exactly once
+        assert_all_free(ring, executor)
+    for (t, j), (tokens, reason) in results.items():
+        prompt, max_tokens, cancel = jobs[t][j]
+        full = reference.generate(weights, [prompt], SamplingParams(
+            temperature=0, max_tokens=max_tokens, ignore_eos=True))[0]
+        if reason == "abort":
+            assert cancel and tokens == full[:len(tokens)]
+        else:
+            assert (tokens, reason) == (full, "length")
