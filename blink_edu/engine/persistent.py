@@ -34,7 +34,7 @@ from ..kv.pool import allocate_kv_pool
 from ..model.reference import rope_tables
 from ..model.weights import ModelWeights
 from ..ring.layout import Ring
-from ..ring.placement import host_words, map_ring_for_gpu, unmap_ring
+from ..ring.placement import host_words, map_ring_for_gpu
 from . import persistent_kernel as pk
 
 RING_FIELDS = ("state", "doorbell", "arrival_ns", "claim_ns", "first_token_ns", "last_token_ns",
@@ -117,7 +117,7 @@ class PersistentExecutor:
             candidates=cuda.device_array(pk.MAX_CANDIDATES, i32))
         self.num_kv_blocks = N
         self.control = host_words(pk.NUM_CONTROL_WORDS)  # (C,) int64 host memory the GPU sees
-        self.ring_views, self.ring_in_device_memory = map_ring_for_gpu(ring, RING_FIELDS)
+        self.ring_mapping = map_ring_for_gpu(ring, RING_FIELDS)
         self.budget, self.eps = T, np.float32(cfg.rms_norm_eps)
         self.grid_blocks = grid_blocks
         self._thread: threading.Thread | None = None
@@ -143,7 +143,7 @@ class PersistentExecutor:
     def _args(self) -> tuple:
         m, b, s = self.model, self.buffers, self.scheduler_state
         cfg = self.config
-        return (*[self.ring_views[name] for name in RING_FIELDS], self.control.device,
+        return (*[self.ring_mapping.views[name] for name in RING_FIELDS], self.control.device,
                 m["embed"], m["attn_norm"], m["w_qkv"], m["b_qkv"], m["w_o"], m["b_o"],
                 m["mlp_norm"], m["w_gate_up"], m["b_gate_up"], m["w_down"], m["b_down"],
                 m["final_norm"], m["lm_head"], m["no_norm"], self.eps, m["cos"], m["sin"],
@@ -154,7 +154,7 @@ class PersistentExecutor:
                 b["counters"], b["tokens"], b["row_lane"],
                 s["lanes"], s["block_tables"], s["free_blocks"], s["free_top"], s["sched"],
                 s["candidates"], self.budget, self.max_model_len,
-                int(self.ring_in_device_memory))
+                int(self.ring_mapping.in_device_memory))
 
     def start(self) -> None:
         """Launch the kernel; it runs until ``stop()``."""
@@ -204,7 +204,7 @@ class PersistentExecutor:
                 time.sleep(1e-3)
             self._stream.synchronize()  # raises if the kernel faulted
             self._stream = None
-            unmap_ring(self.ring)
+            self.ring_mapping.release()
         if self.error is not None:
             raise RuntimeError("the persistent kernel failed") from self.error
 

@@ -26,17 +26,6 @@ import numpy as np
 from ..backend import get_backend
 from .layout import Ring
 
-CUDA_HOST_REGISTER_PORTABLE = 0x01
-CUDA_HOST_REGISTER_MAPPED = 0x02
-
-
-def _device_view(array: np.ndarray, device_address: int):
-    """A Numba device array over ``device_address`` with ``array``'s shape and dtype."""
-    cuda = get_backend().cuda
-    interface = {"shape": array.shape, "typestr": array.dtype.str, "strides": None,
-                 "data": (device_address, False), "version": 3}
-    return cuda.from_cuda_array_interface(interface, owner=array, sync=False)
-
 
 def _simulated_view(array: np.ndarray):
     from numba.cuda.simulator.cudadrv.devicearray import FakeCUDAArray
@@ -44,36 +33,44 @@ def _simulated_view(array: np.ndarray):
     return FakeCUDAArray(array)
 
 
-def map_ring_for_gpu(ring: Ring, names) -> tuple[dict[str, object], bool]:
-    """Device views of the ring fields ``names`` (0-d counters become shape (1,)), and whether the
-    ring is in device memory (False: mapped host memory). The whole buffer is registered once."""
-    buffer = ring.raw  # (bytes,) uint8: every field is a view of it
-    if get_backend().is_simulator:
-        base = None
-    else:
-        import cupy
+@dataclass
+class RingMapping:
+    """The kernel's views of ring fields, and what it takes to undo the mapping."""
 
-        runtime = cupy.cuda.runtime
-        runtime.hostRegister(buffer.ctypes.data, buffer.nbytes,
-                             CUDA_HOST_REGISTER_MAPPED | CUDA_HOST_REGISTER_PORTABLE)
-        base = runtime.hostGetDevicePointer(buffer.ctypes.data, 0)
+    views: dict  # field name -> device array (0-d counters as shape (1,))
+    in_device_memory: bool  # False: mapped host memory
+    pinned: object = None  # the driver's registration of the buffer (GPU only)
+
+    def release(self) -> None:
+        """Unregister the buffer (after the kernel using it has returned)."""
+        if self.pinned is not None:
+            self.pinned.free()
+            self.pinned = None
+
+
+def map_ring_for_gpu(ring: Ring, names) -> RingMapping:
+    """Device views of the ring fields ``names`` over the very bytes the frontend writes. The
+    whole buffer is registered once with the driver (``cuMemHostRegister`` with DEVICEMAP, through
+    Numba's ``mempin``); each field is a view at its offset."""
+    if get_backend().is_simulator:
+        views = {name: _simulated_view(_field(ring, name)) for name in names}
+        return RingMapping(views, in_device_memory=False)
+    from numba.cuda.cudadrv import devicearray
+
+    cuda = get_backend().cuda
+    buffer = ring.raw  # (bytes,) uint8: every field is a view of it
+    pinned = cuda.current_context().mempin(buffer, buffer.ctypes.data, buffer.nbytes, mapped=True)
     views = {}
     for name in names:
-        field = getattr(ring, name)
-        field = field.reshape(1) if field.ndim == 0 else field
-        if base is None:
-            views[name] = _simulated_view(field)
-        else:
-            views[name] = _device_view(field, base + ring.layout.fields[name].offset)
-    return views, False
+        f = ring.layout.fields[name]
+        views[name] = devicearray.from_array_like(
+            _field(ring, name), gpu_data=pinned.view(f.offset, f.offset + f.nbytes))
+    return RingMapping(views, in_device_memory=False, pinned=pinned)
 
 
-def unmap_ring(ring: Ring) -> None:
-    """Undo ``map_ring_for_gpu`` (after the kernel using it has returned)."""
-    if not get_backend().is_simulator:
-        import cupy
-
-        cupy.cuda.runtime.hostUnregister(ring.raw.ctypes.data)
+def _field(ring: Ring, name: str) -> np.ndarray:
+    field = getattr(ring, name)
+    return field.reshape(1) if field.ndim == 0 else field
 
 
 @dataclass
