@@ -170,7 +170,8 @@ class PersistentExecutor:
         import cupy
 
         kernel = pk.persistent_scheduler_kernel
-        fitting = kernel.specialize(*args).max_cooperative_grid_blocks(THREADS)
+        compiled = kernel.compile(tuple(kernel.typeof_pyval(a) for a in args))
+        fitting = compiled.max_cooperative_grid_blocks(THREADS)
         sms = cuda.get_current_device().MULTIPROCESSOR_COUNT
         self.grid_blocks = min(self.grid_blocks or sms, fitting)
         self._stream = cupy.cuda.Stream(non_blocking=True)  # never the legacy default stream

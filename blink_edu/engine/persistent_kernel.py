@@ -70,6 +70,12 @@ CANDIDATES_SHAPE = (MAX_CANDIDATES,)
 IDLE_SLEEP_NS = 2000
 
 
+@cuda.jit(device=True, inline=True)
+def grid_sync():
+    """A barrier for every thread of every block (the launch must be cooperative)."""
+    cuda.cg.this_grid().sync()
+
+
 # --- A: scan ------------------------------------------------------------------------------------
 @cuda.jit(device=True)
 def scan_ring(state, sched, candidates, thread, n_threads):
@@ -92,7 +98,7 @@ def free_lane(lane, lanes, block_tables, free_blocks, free_top):
     n = 0
     while n < block_tables.shape[1] and block_tables[lane, n] >= 0:
         n += 1
-    base = cuda.atomic.add(free_top, 0, n)  # several threads may free lanes at once
+    base = cuda.atomic.add(free_top, 0, int32(n))  # several threads may free lanes at once
     for j in range(n):
         free_blocks[base + j] = block_tables[lane, j]
         block_tables[lane, j] = -1
@@ -289,13 +295,13 @@ def seed_of(seed, slot):
     """The request's seed (low 32 bits, as the reference uses it), or, when it names none, one
     drawn from the GPU clock."""
     if seed >= 0:
-        return seed & 0xFFFFFFFF
-    return lowbias32(globaltimer_ns() ^ int64(slot))
+        return int64(seed & 0xFFFFFFFF)
+    return int64(lowbias32(globaltimer_ns() ^ int64(slot)))
 
 
 # --- C: forward (every block) -------------------------------------------------------------------
 @cuda.jit(device=True)
-def forward(grid, T, R, embed, attn_norm, w_qkv, b_qkv, w_o, b_o, mlp_norm, w_gate_up, b_gate_up,
+def forward(T, R, embed, attn_norm, w_qkv, b_qkv, w_o, b_o, mlp_norm, w_gate_up, b_gate_up,
             w_down, b_down, final_norm, lm_head, no_norm, eps, cos, sin, kv_pool, num_heads,
             num_kv_heads, x, qkv, attn, gate_up, act, logits, all_rows, token_ids, positions,
             seq_rows, block_tables, logit_rows, step_temperature, step_top_p, step_top_k,
@@ -305,26 +311,26 @@ def forward(grid, T, R, embed, attn_norm, w_qkv, b_qkv, w_o, b_o, mlp_norm, w_ga
     blk, nb = cuda.blockIdx.x, cuda.gridDim.x
     rows = all_rows[:T]
     embed_tokens(embed, token_ids[:T], x[:T], blk, nb)
-    grid.sync()
+    grid_sync()
     for i in range(w_qkv.shape[0]):
         linear(x[:T], rows, attn_norm[i], eps, w_qkv[i], b_qkv[i], qkv[:T], 0, blk, nb)
-        grid.sync()
+        grid_sync()
         rope_and_write_kv(qkv[:T], positions[:T], seq_rows[:T], block_tables, cos, sin, kv_pool,
                           i, num_heads, num_kv_heads, blk, nb)
-        grid.sync()
+        grid_sync()
         paged_attention(qkv[:T], positions[:T], seq_rows[:T], block_tables, kv_pool, i,
                         num_heads, num_kv_heads, attn[:T], blk, nb)
-        grid.sync()
+        grid_sync()
         linear(attn[:T], rows, no_norm, eps, w_o[i], b_o[i], x[:T], 1, blk, nb)
-        grid.sync()
+        grid_sync()
         linear(x[:T], rows, mlp_norm[i], eps, w_gate_up[i], b_gate_up[i], gate_up[:T], 0, blk, nb)
-        grid.sync()
+        grid_sync()
         swiglu(gate_up[:T], act[:T], blk, nb)
-        grid.sync()
+        grid_sync()
         linear(act[:T], rows, no_norm, eps, w_down[i], b_down[i], x[:T], 1, blk, nb)
-        grid.sync()
+        grid_sync()
     linear(x[:T], logit_rows[:R], final_norm, eps, lm_head, no_norm, logits[:R], 0, blk, nb)
-    grid.sync()
+    grid_sync()
     sample_rows(logits[:R], step_temperature[:R], step_top_p[:R], step_top_k[:R], step_seeds[:R],
                 counters[:R], tokens[:R], blk, nb)
 
@@ -392,7 +398,6 @@ def persistent_scheduler_kernel(
         # the scheduler's own state
         lanes, block_tables, free_blocks, free_top, sched, candidates, budget, max_model_len,
         ring_in_device_memory):
-    grid = cuda.cg.this_grid()
     tid = cuda.threadIdx.x
     leader = cuda.blockIdx.x == 0
     n_threads = cuda.gridDim.x * THREADS
@@ -404,9 +409,9 @@ def persistent_scheduler_kernel(
         if leader and tid == 0:
             sched[S_SCAN_START] = globaltimer_ns()
             sched[S_DOORBELL_NOW] = load_acquire(doorbell, 0)
-        grid.sync()
+        grid_sync()
         scan_ring(state, sched, candidates, thread, n_threads)
-        grid.sync()
+        grid_sync()
         # B: schedule (block 0)
         if leader:
             if tid == 0:
@@ -433,7 +438,7 @@ def persistent_scheduler_kernel(
             fill_step(lanes, prompt_tokens, output_tokens, temperature, top_p, top_k,
                       token_ids, positions, seq_rows, logit_rows, step_temperature, step_top_p,
                       step_top_k, step_seeds, counters, row_lane)
-        grid.sync()
+        grid_sync()
         if sched[S_STOP] != 0:
             return
         T, R = sched[S_TOKENS], sched[S_ROWS]
@@ -443,12 +448,12 @@ def persistent_scheduler_kernel(
                 pause_ns(IDLE_SLEEP_NS)
             continue
         # C: forward (every block)
-        forward(grid, T, R, embed, attn_norm, w_qkv, b_qkv, w_o, b_o, mlp_norm, w_gate_up,
+        forward(T, R, embed, attn_norm, w_qkv, b_qkv, w_o, b_o, mlp_norm, w_gate_up,
                 b_gate_up, w_down, b_down, final_norm, lm_head, no_norm, eps, cos, sin, kv_pool,
                 num_heads, num_kv_heads, x, qkv, attn, gate_up, act, logits, all_rows, token_ids,
                 positions, seq_rows, block_tables, logit_rows, step_temperature, step_top_p,
                 step_top_k, step_seeds, counters, tokens)
-        grid.sync()
+        grid_sync()
         # D: publish (block 0)
         if leader:
             publish(lanes, tokens, row_lane, R, state, output_tokens, generated, first_token_ns,

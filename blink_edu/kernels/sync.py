@@ -53,7 +53,7 @@ if get_backend().is_simulator:
 
 else:
     from llvmlite import ir
-    from numba import types
+    from numba import types, uint32
     from numba.cuda.cache_hints import _get_element_pointer  # numba-cuda's own helper
     from numba.cuda.extending import intrinsic
 
@@ -109,7 +109,7 @@ else:
     @cuda.jit(device=True)
     def pause_ns(ns):
         """Let other warps run for about ``ns`` (an idle persistent kernel naps between polls)."""
-        cuda.nanosleep(ns)
+        cuda.nanosleep(uint32(ns))
 
 
 @cuda.jit
