@@ -209,7 +209,8 @@ def save_as_hf_folder(weights: ModelWeights, raw_config: dict, folder: Path) -> 
     return folder
 
 
-def time_hf(folder: Path, batches, prompt_len, steps, vocab, rng, compile_batches) -> list[dict]:
+def time_hf(folder: Path, batches, prompt_len, steps, vocab, rng, compile_batches,
+            compile_timeout_s: float = 240) -> list[dict]:
     """transformers' generate: plain, and static cache + torch.compile where it runs."""
     import torch
     from transformers import AutoModelForCausalLM
@@ -239,7 +240,7 @@ def time_hf(folder: Path, batches, prompt_len, steps, vocab, rng, compile_batche
         print(f"  hf_eager B={batch:4d}  TPOT {t * 1e6:9.1f} us", flush=True)
     if compile_batches is not None:  # in a child process: this path has crashed the process
         rows += time_hf_compiled_in_child(folder, batches=compile_batches, prompt_len=prompt_len,
-                                          steps=steps, vocab=vocab)
+                                          steps=steps, vocab=vocab, timeout_s=compile_timeout_s)
     else:
         model.generation_config.cache_implementation = "static"
         model.forward = torch.compile(model.forward, mode="reduce-overhead", fullgraph=True)
@@ -309,7 +310,7 @@ def bench_model(label: str, weights: ModelWeights, hf_folder: Path | None, args,
         del executor
     if hf_folder is not None and not args.skip_hf:
         rows += time_hf(hf_folder, batches, args.prompt_len, args.steps, cfg.vocab_size, rng,
-                        compile_batches=[1])
+                        compile_batches=[1], compile_timeout_s=args.hf_compile_timeout)
     return {"label": label, "params": cfg.num_parameters(), "weight_bytes_fp16": weight_bytes(cfg),
             "rows": rows}
 
@@ -332,6 +333,8 @@ def main(argv=None) -> int:
     parser.add_argument("--steps", type=int, default=32)
     parser.add_argument("--models", default="bundled,135m")
     parser.add_argument("--skip-hf", action="store_true")
+    parser.add_argument("--hf-compile-timeout", type=float, default=240,
+                        help="seconds for the static-cache + torch.compile child process")
     parser.add_argument("--out", default=None, help="results folder (default bench/results)")
     args = parser.parse_args(argv)
     rng = np.random.default_rng(0)

@@ -31,6 +31,9 @@ from dataclasses import replace
 import numpy as np
 
 from ..config import EngineConfig, SamplingParams
+from ..kernels.reduce import THREADS, cuda
+from ..kernels.sync import load_acquire
+from ..ring.layout import PREFILL_PENDING
 from ..model.bundled import resolve_model_dir
 from ..model.weights import load_weights
 from ..ring import Ring, RingClient, RingLayout
@@ -151,6 +154,19 @@ def _pinned_hog(cpu, deadline):
     _hog(deadline)
 
 
+def process_state(pid: int) -> str:
+    with open(f"/proc/{pid}/stat") as f:
+        return f.read().rsplit(")", 1)[1].split()[0]  # R running, S sleeping, T stopped
+
+
+def wait_for_state(pid: int, wanted: str, timeout_s: float = 2.0) -> str:
+    """A signal is delivered asynchronously: wait until the process shows ``wanted``."""
+    deadline = time.monotonic() + timeout_s
+    while process_state(pid) != wanted and time.monotonic() < deadline:
+        time.sleep(1e-3)
+    return process_state(pid)
+
+
 # --- the SIGSTOP demonstration ---------------------------------------------------------------------
 def sigstop_demo(model_dir, engine_config, n_before=4, n_during=8, max_tokens=48) -> dict:
     """Engine process (persistent) + this process as the frontend; SIGSTOP the engine mid-run."""
@@ -178,8 +194,7 @@ def sigstop_demo(model_dir, engine_config, n_before=4, n_during=8, max_tokens=48
                 raise RuntimeError("no token before SIGSTOP")
             time.sleep(1e-3)
         os.kill(proc.pid, signal.SIGSTOP)
-        with open(f"/proc/{proc.pid}/stat") as f:
-            result["engine_state_during"] = f.read().split()[2]  # 'T': stopped
+        result["engine_state_during"] = wait_for_state(proc.pid, "T")  # 'T': stopped
         slots += [client.submit(rng.integers(3, 4000, size=16).tolist(), params, request_id=100 + i)
                   for i in range(n_during)]
         done = {}
@@ -193,8 +208,7 @@ def sigstop_demo(model_dir, engine_config, n_before=4, n_during=8, max_tokens=48
         result.update(submitted=len(slots), completed=len(done),
                       completed_while_stopped=len(done),
                       all_full_length=all(n == max_tokens for n, _ in done.values()))
-        with open(f"/proc/{proc.pid}/stat") as f:
-            result["engine_state_after"] = f.read().split()[2]
+        result["engine_state_after"] = process_state(proc.pid)
         result["passed"] = (result["engine_state_during"] == "T" and len(done) == len(slots)
                             and result["all_full_length"])
     finally:
@@ -206,6 +220,48 @@ def sigstop_demo(model_dir, engine_config, n_before=4, n_during=8, max_tokens=48
         ring.close()
         ring.unlink()
     return result
+
+
+# --- scanning the ring: mapped host memory against device memory ----------------------------------
+def scan_placements(ring: Ring, repeats: int = 2000) -> dict:
+    """Time for the whole grid (one 128-thread block per SM) to read all 4096 state words with
+    acquire loads, the ring in mapped host memory (as served here) and in device memory (Blink's
+    placement, which the frontend would fill with copies); each scan repeated ``repeats`` times
+    in one launch and timed with CUDA events."""
+    import cupy
+
+    from ..ring.placement import map_ring_for_gpu
+
+    mapping = map_ring_for_gpu(ring, ("state",))
+    placements = {"mapped_host": mapping.views["state"],
+                  "device": cuda.to_device(np.ascontiguousarray(ring.state))}
+    found = cuda.to_device(np.zeros(1, np.int64))
+    blocks = cuda.get_current_device().MULTIPROCESSOR_COUNT
+    out = {}
+    for name, state in placements.items():
+        count_pending_kernel[blocks, THREADS](state, 1, found)  # compile, warm up
+        start, end = cupy.cuda.Event(), cupy.cuda.Event()
+        start.record()
+        count_pending_kernel[blocks, THREADS](state, repeats, found)
+        end.record()
+        end.synchronize()
+        out[f"{name}_scan_us"] = cupy.cuda.get_elapsed_time(start, end) * 1e3 / repeats
+    mapping.release()
+    return out
+
+
+@cuda.jit
+def count_pending_kernel(state, repeats, found):
+    """Every thread reads its share of the state words ``repeats`` times (acquire loads: never
+    hoisted out of the loop), counting PREFILL_PENDING ones."""
+    thread, n_threads = cuda.grid(1), cuda.gridsize(1)
+    n = 0
+    for _ in range(repeats):
+        for slot in range(thread, state.shape[0], n_threads):
+            if load_acquire(state, slot) == PREFILL_PENDING:
+                n += 1
+    if n > 0:
+        cuda.atomic.add(found, 0, n)
 
 
 # --- main -----------------------------------------------------------------------------------------
@@ -264,6 +320,8 @@ def main(argv=None) -> int:
             if name == "persistent":
                 entry["scan_claim"] = scan_and_claim(runner.executor, client, rng)
                 print(f"  persistent scan/claim {entry['scan_claim']}", flush=True)
+                entry["scan_placements"] = scan_placements(Ring(bytearray(LAYOUT.nbytes), LAYOUT))
+                print(f"  scan of 4096 slots by placement {entry['scan_placements']}", flush=True)
             with CpuHog(other_cpus, args.hog_seconds):
                 for b in batches:
                     entry["hog"][b] = summarize(run_batch(client, b, args.prompt_len, args.max_tokens, rng))
@@ -288,8 +346,11 @@ def main(argv=None) -> int:
     def tpot(name, b, kind="quiet"):
         return results.get(name, {}).get(kind, {}).get(b, {}).get("tpot_us")
 
+    placements = results.get("persistent", {}).get("scan_placements", {})
     summary = dict(
         scan_4096_us=results.get("persistent", {}).get("scan_claim", {}).get("scan_us_median"),
+        scan_4096_mapped_host_us=placements.get("mapped_host_scan_us"),
+        scan_4096_device_us=placements.get("device_scan_us"),
         submit_to_claim_us_median=results.get("persistent", {}).get("scan_claim", {}).get("claim_us_median"),
         submit_to_claim_us_p99=results.get("persistent", {}).get("scan_claim", {}).get("claim_us_p99"),
         persistent_over_graph_tpot_b1=(tpot("persistent", 1) / tpot("graph", 1)

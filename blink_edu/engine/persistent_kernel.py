@@ -407,9 +407,10 @@ def persistent_scheduler_kernel(
         # A: scan (every block), from one snapshot of the doorbell. A frontend makes its slot
         # PENDING before it rings, so every slot rung for up to the snapshot is seen by the scan.
         if leader and tid == 0:
-            sched[S_SCAN_START] = globaltimer_ns()
             sched[S_DOORBELL_NOW] = load_acquire(doorbell, 0)
         grid_sync()
+        if leader and tid == 0:
+            sched[S_SCAN_START] = globaltimer_ns()
         scan_ring(state, sched, candidates, thread, n_threads)
         grid_sync()
         # B: schedule (block 0)

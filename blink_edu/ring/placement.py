@@ -43,9 +43,8 @@ class RingMapping:
 
     def release(self) -> None:
         """Unregister the buffer (after the kernel using it has returned)."""
-        if self.pinned is not None:
-            self.pinned.free()
-            self.pinned = None
+        self.pinned = None  # the driver unpins when the last view of it is gone
+        self.views = {}
 
 
 def map_ring_for_gpu(ring: Ring, names) -> RingMapping:
