@@ -1,0 +1,188 @@
+"""``python -m blink_edu.bench.slo --real``: the policies on the real engine, and the simulator's
+prediction of that very run beside it (issue #8; SuperInfer §5; DESIGN.md §9).
+
+The real engine is ``LLMEngine`` with the bundled model and a KV pool small enough to force
+preemption and rotation (DuplexKV, ``preemption="rotate"``). On this machine it runs the NumPy
+reference executor on the CPU; on a GPU the graph executor (``--executor``). The experiment:
+
+1. **calibrate** the simulator's step-time model on this machine and executor: time decode steps
+   of 1..S sequences and prompt steps of many tokens, fit ``step = a + b * tokens``;
+2. build a preset from it (the same KV pool, block size, batch limits; SLOs scaled to the step as
+   the paper's are: S_B = 5 a, S_F = 50 S_B);
+3. for each rate and policy, replay one seeded Poisson workload with ShareGPT-like log-normal
+   lengths (``sim.workload``) on the engine in real time — requests are added when their arrival
+   time comes, token times are taken as the engine returns them — and in the simulator;
+4. score both with the same definitions (``sim.metrics``) and report the relative error of the
+   simulator's median TTFT and median TPOT against the measurement (``sim_vs_real_error``: the
+   largest of them over every policy and rate).
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from ..config import EngineConfig, SamplingParams
+from ..engine.llm_engine import LLMEngine
+from ..kv.pool import block_nbytes
+from ..model.bundled import resolve_model_dir
+from ..model.weights import load_weights
+from ..sim.costs import BandwidthCurve, CostModel, fit_linear
+from ..sim.metrics import meets_tbt, meets_ttft, tpot, ttft
+from ..sim.presets import Preset
+from ..sim.simulator import simulate
+from ..sim.workload import LengthModel, RequestSpec, poisson_workload
+from ..sched.policies import make_policy
+
+LENGTHS = LengthModel(input_mean=48, input_sigma=0.6, output_mean=40, output_sigma=0.6,
+                      max_model_len=256)
+#: Host-to-host copies of the CPU path's "rotation" (NumPy, one core): a flat, fast curve.
+HOST_MEMCPY = BandwidthCurve(sizes_bytes=(64 * 1024, 8 * 1024 * 1024), gbps=(5.0, 8.0),
+                             duplex_total_gbps=8.0)
+
+
+@dataclass
+class MeasuredRequest:
+    """What ``sim.metrics`` reads of a request, measured on the engine."""
+
+    spec: RequestSpec
+    first_token_time: float | None = None
+    finish_time: float | None = None
+    token_times: list = field(default_factory=list)
+    num_preemptions: int = 0
+
+
+def engine_config(args, policy: str) -> EngineConfig:
+    return EngineConfig(executor=args.executor, block_size=16, num_kv_blocks=args.kv_blocks,
+                        max_num_seqs=16, max_num_batched_tokens=256, preemption="rotate",
+                        policy=policy)
+
+
+def calibrate(weights, args, rng) -> tuple[float, float]:
+    """(a, b) of ``step = a + b * tokens`` for this machine's executor (decode and prefill steps)."""
+    engine = LLMEngine(weights, engine_config(args, "fcfs"))
+    tokens, times = [], []
+    for batch in (1, 2, 4, 8, 16):
+        for _ in range(batch):
+            engine.add_request(rng.integers(3, 4000, size=8).tolist(),
+                               SamplingParams(temperature=0, max_tokens=6, ignore_eos=True))
+        engine.step()  # the prompts
+        for _ in range(4):
+            start = time.perf_counter()
+            engine.step()
+            times.append(time.perf_counter() - start)
+            tokens.append(batch)
+        while engine.has_unfinished():
+            engine.step()
+    for n in (64, 128, 256):  # prefill steps of n tokens
+        engine.add_request(rng.integers(3, 4000, size=n).tolist(),
+                           SamplingParams(temperature=0, max_tokens=1, ignore_eos=True))
+        start = time.perf_counter()
+        engine.step()
+        times.append(time.perf_counter() - start)
+        tokens.append(n)
+    return fit_linear(tokens, times)
+
+
+def preset_for(weights, args, a: float, b: float) -> Preset:
+    block_bytes = block_nbytes(weights.config, 16, itemsize=4)
+    tbt = 5 * a
+    return Preset(
+        name=f"bundled-{args.executor}-measured",
+        description="the bundled model on this machine, step time fitted just now",
+        cost=CostModel(fixed_s=a, per_token_s=b, per_context_token_s=0.0,
+                       block_bytes=block_bytes, link=HOST_MEMCPY),
+        num_gpu_blocks=args.kv_blocks, max_num_seqs=16, max_num_batched_tokens=256,
+        transfer_budget_blocks=args.kv_blocks, lengths=LENGTHS, rates=tuple(args.rates),
+        num_requests=args.num_requests, ttft_slo_s=50 * tbt, tbt_slo_s=tbt,
+        sources={"step_time": f"fitted on this machine: a={a * 1e3:.2f} ms, b={b * 1e6:.1f} us/token",
+                 "slos": "S_B = 5 a, S_F = 50 S_B (the paper's ratios to its step time)"})
+
+
+def run_engine(weights, args, policy: str, workload: list[RequestSpec], rng) -> list[MeasuredRequest]:
+    """Replay ``workload`` on the engine in real time; per-request token times (seconds from start)."""
+    engine = LLMEngine(weights, engine_config(args, policy))
+    prompts = {s.request_id: rng.integers(3, weights.config.vocab_size, size=s.prompt_len).tolist()
+               for s in workload}
+    measured = {s.request_id: MeasuredRequest(s) for s in workload}
+    pending = sorted(workload, key=lambda s: s.arrival_time)
+    start = time.perf_counter()
+    while pending or engine.has_unfinished():
+        now = time.perf_counter() - start
+        while pending and pending[0].arrival_time <= now:
+            spec = pending.pop(0)
+            engine.add_request(prompts[spec.request_id], SamplingParams(
+                temperature=0, max_tokens=spec.output_len, ignore_eos=True),
+                request_id=spec.request_id)
+        if not engine.has_unfinished():
+            time.sleep(min(1e-3, max(0.0, pending[0].arrival_time - now)))
+            continue
+        for out in engine.step():
+            t = time.perf_counter() - start
+            r = measured[out.request_id]
+            r.token_times.append(t)
+            if r.first_token_time is None:
+                r.first_token_time = t
+            if out.finished:
+                r.finish_time = t
+    return list(measured.values())
+
+
+def score(requests, ttft_slo_s: float, tbt_slo_s: float) -> dict:
+    n = len(requests)
+    ttfts = [t for t in map(ttft, requests) if t is not None]
+    tpots = [t for t in map(tpot, requests) if t is not None]
+    return {"ttft_attainment_pct": 100.0 * sum(meets_ttft(r, ttft_slo_s) for r in requests) / n,
+            "tbt_attainment_pct": 100.0 * sum(meets_tbt(r, tbt_slo_s) for r in requests) / n,
+            "median_ttft_ms": statistics.median(ttfts) * 1e3 if ttfts else None,
+            "median_tpot_ms": statistics.median(tpots) * 1e3 if tpots else None,
+            "p99_ttft_ms": float(np.percentile(ttfts, 99)) * 1e3 if ttfts else None}
+
+
+def relative_error(sim, real):
+    return None if sim is None or not real else abs(sim - real) / real
+
+
+def run_real_experiment(args) -> tuple[dict, dict, dict]:
+    """(config, raw, summary) of the real-engine experiment."""
+    folder = resolve_model_dir()
+    weights = load_weights(folder)
+    rng = np.random.default_rng(args.seed)
+    a, b = calibrate(weights, args, rng)
+    preset = preset_for(weights, args, a, b)
+    config = preset.rotasched_config()
+    print(f"calibrated on this machine ({args.executor}): step = {a * 1e3:.2f} ms + "
+          f"{b * 1e6:.1f} us/token; SLOs TTFT {config.ttft_slo_s * 1e3:.0f} ms, "
+          f"TPOT {config.tbt_slo_s * 1e3:.0f} ms", flush=True)
+    raw, errors = {}, []
+    for rate in args.rates:
+        workload = poisson_workload(args.num_requests, rate, LENGTHS, args.seed)
+        for policy in args.policies:
+            real = score(run_engine(weights, args, policy, workload, rng), config.ttft_slo_s,
+                         config.tbt_slo_s)
+            sim_result = simulate(preset, make_policy(policy, config), workload)
+            sim = score(sim_result.requests, config.ttft_slo_s, config.tbt_slo_s)
+            err = {k: relative_error(sim[k], real[k]) for k in ("median_ttft_ms", "median_tpot_ms")}
+            errors += [e for e in err.values() if e is not None]
+            raw.setdefault(policy, {})[str(rate)] = {"real": real, "sim": sim, "sim_rel_error": err}
+            print(f"  rate {rate:5.1f}  {policy:13s} real TTFT {real['ttft_attainment_pct']:5.1f}% "
+                  f"TBT {real['tbt_attainment_pct']:5.1f}%  |  sim TTFT "
+                  f"{sim['ttft_attainment_pct']:5.1f}% TBT {sim['tbt_attainment_pct']:5.1f}%  "
+                  f"|  median TTFT/TPOT error {err['median_ttft_ms']:.0%} / "
+                  f"{err['median_tpot_ms']:.0%}", flush=True)
+    summary = {"sim_vs_real_error": max(errors) if errors else None,
+               "sim_vs_real_error_median": statistics.median(errors) if errors else None}
+    if {"lvf", "fcfs"} <= set(args.policies):
+        rate = str(args.rates[-1])
+        summary["real_lvf_minus_fcfs_ttft_attainment_pts"] = (
+            raw["lvf"][rate]["real"]["ttft_attainment_pct"] - raw["fcfs"][rate]["real"]["ttft_attainment_pct"])
+        summary["real_lvf_minus_fcfs_tbt_attainment_pts"] = (
+            raw["lvf"][rate]["real"]["tbt_attainment_pct"] - raw["fcfs"][rate]["real"]["tbt_attainment_pct"])
+        summary["real_rate"] = args.rates[-1]
+    cfg = {"mode": "real", "preset": preset.as_dict(), "rotasched": config.__dict__,
+           "executor": args.executor, "kv_blocks": args.kv_blocks, "rates": args.rates,
+           "policies": args.policies, "num_requests": args.num_requests, "seed": args.seed}
+    return cfg, raw, summary

@@ -1,0 +1,60 @@
+"""python -m blink_edu.bench.slo: a tiny simulated sweep writes valid results; a tiny real-engine
+run adds its measurement and the simulator's error to the same file, keeping the sweep."""
+
+from __future__ import annotations
+
+import json
+
+from blink_edu.bench import slo
+from blink_edu.sched import POLICIES
+
+
+def test_tiny_sim_sweep_writes_results(tmp_path, capsys):
+    rc = slo.main(["--sim", "--rates", "1,6", "--num-requests", "24", "--out", str(tmp_path),
+                   "--no-progress"])
+    assert rc == 0
+    data = json.loads((tmp_path / "slo.json").read_text())
+    assert data["name"] == "slo" and data["config"]["mode"] == "sim"
+    assert set(data["raw"]["sim"]) == set(POLICIES)
+    for by_rate in data["raw"]["sim"].values():
+        assert set(by_rate) == {"1.0", "6.0"}
+        for s in by_rate.values():
+            assert 0 <= s["ttft_attainment_pct"] <= 100 and 0 <= s["tbt_attainment_pct"] <= 100
+    summary = data["summary"]
+    for key in ("lvf_minus_fcfs_ttft_attainment_pts", "lvf_minus_fcfs_tbt_attainment_pts",
+                "sim_vs_real_error", "headline_rate"):
+        assert key in summary
+    assert summary["sim_vs_real_error"] is None
+    rate = summary["headline_rate"]
+    if rate is not None:
+        raw = data["raw"]["sim"]
+        want = raw["lvf"][str(rate)]["ttft_attainment_pct"] - raw["fcfs"][str(rate)]["ttft_attainment_pct"]
+        assert abs(summary["lvf_minus_fcfs_ttft_attainment_pts"] - want) < 1e-9
+    assert (tmp_path / "slo_attainment.png").stat().st_size > 0
+    assert "ttft_attainment_pct" in capsys.readouterr().out
+
+
+def test_tiny_real_run_is_added_beside_the_sweep(tmp_path, capsys):
+    assert slo.main(["--sim", "--rates", "1", "--num-requests", "8", "--out", str(tmp_path),
+                     "--no-progress", "--no-plot"]) == 0
+    assert slo.main(["--real", "--rates", "30", "--num-requests", "5", "--kv-blocks", "24",
+                     "--out", str(tmp_path)]) == 0
+    data = json.loads((tmp_path / "slo.json").read_text())
+    assert set(data["raw"]) == {"sim", "real"}  # the sweep is kept
+    for policy in ("fcfs", "lvf"):
+        run = data["raw"]["real"][policy]["30.0"]
+        for side in ("real", "sim"):
+            assert 0 <= run[side]["ttft_attainment_pct"] <= 100
+            assert run[side]["median_tpot_ms"] > 0
+    error = data["summary"]["sim_vs_real_error"]
+    assert isinstance(error, float) and error >= 0
+    assert data["config"]["real"]["preset"]["ttft_slo_s"] > 0
+    assert "sim_vs_real_error" in capsys.readouterr().out
+
+
+def test_unknown_policy_is_refused(capsys):
+    import pytest
+
+    with pytest.raises(SystemExit):
+        slo.main(["--sim", "--policies", "lvf,nope"])
+    assert "unknown policy" in capsys.readouterr().err
