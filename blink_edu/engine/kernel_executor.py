@@ -262,6 +262,12 @@ class EagerExecutor:
         if not self.backend.is_simulator:
             self._cupy_stream.synchronize()
 
+    @property
+    def compute_stream(self):
+        """The CuPy stream every kernel runs on (None in the simulator): KV rotation
+        (``kv/rotation.py``) orders its copies against it."""
+        return None if self.backend.is_simulator else self._cupy_stream
+
     def step(self, batch: StepBatch) -> np.ndarray:
         """Run one step; (S,) int32 sampled tokens."""
         s_b, t_b = self.buckets(batch.num_seqs, batch.num_tokens)

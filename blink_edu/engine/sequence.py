@@ -11,6 +11,10 @@ states, which mirror the ring-buffer slot states of Blink §3:
                           v    |
                         PREEMPTED   (queued again, at the front: Blink's DECODE_PAUSED)
 
+    RUNNING  --rotate_out-->  ROTATED  --rotate_in-->  RUNNING
+                              (SuperInfer's rotary state, also DECODE_PAUSED: its K/V waits in
+                               host memory, kv/rotation.py; it resumes without recomputing)
+
 and ``abort`` moves a sequence in any state to FINISHED.
 
 ``num_cached_tokens`` counts how many of its tokens already have keys and values in the KV pool.
@@ -38,6 +42,7 @@ class SequenceStatus(Enum):
     WAITING = "waiting"  # in the queue, no KV blocks
     RUNNING = "running"  # admitted: owns KV blocks, scheduled every step it fits the budget
     PREEMPTED = "preempted"  # evicted by recompute: back in the queue, blocks freed, tokens kept
+    ROTATED = "rotated"  # rotated out: K/V in host memory, GPU blocks freed, tokens kept
     FINISHED = "finished"  # stopped, length-limited or aborted; blocks freed
 
 
@@ -57,9 +62,11 @@ class Sequence:
         self.num_scheduled_tokens = 0  # tokens this step feeds the model (set by the scheduler)
         self.finish_reason: str | None = None  # "stop" | "length" | "abort"
         self.num_preemptions = 0
+        self.num_rotations = 0  # times rotated out
         # Timestamps (time.monotonic seconds) for latency metrics: TTFT, TBT.
         self.arrival_time = time.monotonic() if arrival_time is None else arrival_time
         self.first_token_time: float | None = None
+        self.run_start_time: float | None = None  # when it last became RUNNING (for VLT)
         self.token_times: list[float] = []  # one per generated token
 
     # --- sizes --------------------------------------------------------------------------------

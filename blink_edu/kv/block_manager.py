@@ -12,14 +12,23 @@ Every block is in one of three states:
   change every decode step, so a copy of it elsewhere would go stale.
 * ``SYNCED`` — full: nothing will ever write it again. DuplexKV copies such a block to host memory
   eagerly, in the background, so that rotating the sequence out later only moves its dirty tail.
+* ``DRAINING`` — given back by its owner while a copy *from* or *into* it is still in flight
+  (``kv/rotation.py``). It joins the free list only when that copy lands, so no block is reused
+  before its copy-out has read it, or while a late copy-in could still write it.
+
+Separately from its state, ``transfer[b]`` says whether a copy is in flight for block ``b``
+(``NO_TRANSFER``, ``COPY_OUT`` to host, ``COPY_IN`` from host): the rotation engine sets it when it
+issues a copy and clears it when the copy lands. The chapter's live map draws both.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-FREE, DIRTY, SYNCED = 0, 1, 2
-STATE_NAMES = {FREE: "free", DIRTY: "dirty", SYNCED: "synced"}
+FREE, DIRTY, SYNCED, DRAINING = 0, 1, 2, 3
+STATE_NAMES = {FREE: "free", DIRTY: "dirty", SYNCED: "synced", DRAINING: "draining"}
+NO_TRANSFER, COPY_OUT, COPY_IN = 0, 1, 2
+TRANSFER_NAMES = {NO_TRANSFER: "none", COPY_OUT: "copy-out", COPY_IN: "copy-in"}
 
 
 class OutOfBlocks(RuntimeError):
@@ -37,7 +46,9 @@ class BlockManager:
         self.num_blocks = num_blocks
         self.block_size = block_size
         self.state = np.full(num_blocks, FREE, dtype=np.int8)  # (N,)
+        self.transfer = np.full(num_blocks, NO_TRANSFER, dtype=np.int8)  # (N,) copy in flight?
         self._free: list[int] = list(range(num_blocks - 1, -1, -1))  # pop() hands out block 0 first
+        self._draining: set[int] = set()  # freed while a copy was in flight: free once it lands
         self.tables: dict[int, list[int]] = {}  # sequence id -> its block ids, in order
         self.num_tokens: dict[int, int] = {}  # sequence id -> tokens written so far
 
@@ -94,17 +105,48 @@ class BlockManager:
         return filled
 
     def free(self, seq_id: int) -> None:
-        """Give all of ``seq_id``'s blocks back (finished, cancelled or preempted)."""
+        """Give all of ``seq_id``'s blocks back (finished, cancelled, preempted or rotated out).
+        A block with a copy in flight drains first (see ``end_transfer``)."""
         blocks = self.tables.pop(seq_id, [])
         self.num_tokens.pop(seq_id, None)
-        self.state[blocks] = FREE
-        self._free.extend(reversed(blocks))
+        busy = [b for b in blocks if self.transfer[b] != NO_TRANSFER]
+        idle = [b for b in blocks if self.transfer[b] == NO_TRANSFER]
+        self.state[busy] = DRAINING
+        self._draining.update(busy)
+        self.state[idle] = FREE
+        self._free.extend(reversed(idle))
+
+    # --- copies in flight (kv/rotation.py) ---------------------------------------------------
+    @property
+    def num_draining(self) -> int:
+        return len(self._draining)
+
+    def begin_transfer(self, blocks, direction: int) -> None:
+        """A copy out of (``COPY_OUT``) or into (``COPY_IN``) ``blocks`` was issued."""
+        blocks = list(blocks)
+        if (self.transfer[blocks] != NO_TRANSFER).any():
+            raise RuntimeError(f"blocks {blocks} already have a copy in flight")
+        self.transfer[blocks] = direction
+
+    def end_transfer(self, blocks) -> None:
+        """The copy for ``blocks`` landed: drained blocks join the free list now."""
+        blocks = list(blocks)
+        self.transfer[blocks] = NO_TRANSFER
+        landed = [b for b in blocks if b in self._draining]
+        self._draining.difference_update(landed)
+        self.state[landed] = FREE
+        self._free.extend(landed)
 
     def check(self) -> None:
-        """Invariants (used by tests): every block is free xor owned by exactly one sequence."""
+        """Invariants (used by tests): every block is free xor draining xor owned by exactly one
+        sequence; a free block has no copy in flight, a draining one has."""
         owned = [b for t in self.tables.values() for b in t]
+        draining = list(self._draining)
         assert len(owned) == len(set(owned)), "a block is owned twice"
         assert not set(owned) & set(self._free), "a block is both owned and free"
-        assert len(owned) + len(self._free) == self.num_blocks, "a block went missing"
+        assert not set(draining) & (set(owned) | set(self._free)), "a draining block is in use"
+        assert len(owned) + len(self._free) + len(draining) == self.num_blocks, "a block went missing"
         assert (self.state[self._free] == FREE).all()
+        assert (self.transfer[self._free] == NO_TRANSFER).all(), "a free block has a copy in flight"
+        assert (self.state[draining] == DRAINING).all() and (self.transfer[draining] != NO_TRANSFER).all()
         assert (self.state[owned] != FREE).all() if owned else True

@@ -1,0 +1,137 @@
+"""Rotation inside the engine: requests rotated out to host memory and back in, by preemption
+(``EngineConfig(preemption="rotate")``) or by a policy through ``Scheduler.rotate_out/rotate_in``,
+give exactly the tokens of a run without rotation (the reference oracle), greedy and seeded."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from blink_edu.config import EngineConfig, ModelConfig, SamplingParams
+from blink_edu.engine.llm_engine import LLMEngine
+from blink_edu.engine.sequence import SequenceStatus
+from blink_edu.kv.block_manager import COPY_OUT
+from blink_edu.model import reference
+from blink_edu.model.weights import random_weights
+
+MICRO = dict(model_type="llama", vocab_size=64, hidden_size=32, intermediate_size=48,
+             num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1,
+             max_position_embeddings=64, bos_token_id=1, eos_token_id=2)
+SMALL = dict(MICRO, vocab_size=200, hidden_size=48, num_hidden_layers=2, num_attention_heads=4,
+             num_key_value_heads=2, intermediate_size=64)
+
+
+def weights_of(shape: dict, dtype=np.float64, seed: int = 0):
+    return random_weights(ModelConfig.from_dict(shape), seed=seed, scale=0.5, dtype=dtype)
+
+
+@pytest.fixture(scope="module")
+def weights():
+    return weights_of(SMALL)  # float64: no rounding-level near-ties between batchings
+
+
+def prompts_for(rng, vocab: int, n: int, longest: int) -> list[list[int]]:
+    return [rng.integers(3, vocab, size=int(k)).tolist() for k in rng.integers(1, longest, size=n)]
+
+
+def drive(engine: LLMEngine, prompts, params, between_steps=None) -> list[list[int]]:
+    """Run to the end; ``between_steps(scheduler)`` may rotate sequences between steps."""
+    per_prompt = params if isinstance(params, list) else [params] * len(prompts)
+    ids = [engine.add_request(p, q) for p, q in zip(prompts, per_prompt)]
+    tokens = {i: [] for i in ids}
+    while engine.has_unfinished():
+        for out in engine.step():
+            tokens[out.request_id].append(out.token_id)
+        engine.scheduler.rotation.check()
+        if between_steps:
+            between_steps(engine.scheduler)
+    stats = engine.stats()
+    assert stats.kv_blocks_used == 0 and stats.num_rotated == 0 and stats.host_kv_blocks_used == 0
+    engine.scheduler.rotation.check()
+    return [tokens[i] for i in ids]
+
+
+def rotating_engine(weights, delay=0, **config) -> LLMEngine:
+    engine = LLMEngine(weights, EngineConfig(preemption="rotate", **config))
+    if delay:
+        engine.scheduler.attach_rotation(engine.make_rotation_engine(delay=delay))
+    return engine
+
+
+def test_default_engine_does_not_rotate(weights):
+    engine = LLMEngine(weights, EngineConfig(block_size=4, num_kv_blocks=16))
+    assert engine.config.preemption == "recompute" and engine.scheduler.rotation is None
+
+
+@pytest.mark.parametrize("delay", [0, 2])
+def test_preemption_by_rotation_keeps_the_tokens(weights, rng, delay):
+    prompts = prompts_for(rng, weights.config.vocab_size, n=6, longest=12)
+    params = SamplingParams(temperature=0, max_tokens=16, ignore_eos=True)
+    # 4-token blocks: each request needs up to 7 blocks; 10 blocks cannot hold six at once
+    engine = rotating_engine(weights, delay, block_size=4, num_kv_blocks=10)
+    assert drive(engine, prompts, params) == reference.generate(weights, prompts, params)
+    rotation = engine.scheduler.rotation
+    assert engine.scheduler.num_rotations > 0 and rotation.blocks_copied[COPY_OUT] > 0
+    rotate_outs = [r for r in rotation.history if r.reason == "rotate-out"]
+    assert rotate_outs and all(r.num_blocks <= 1 for r in rotate_outs)  # eager: the tail only
+
+
+def test_seeded_sampling_survives_rotation(weights, rng):
+    prompts = prompts_for(rng, weights.config.vocab_size, n=5, longest=10)
+    params = [SamplingParams(temperature=float(rng.uniform(0.5, 1.5)), top_k=int(rng.integers(0, 30)),
+                             max_tokens=14, seed=int(rng.integers(2**32)), ignore_eos=True)
+              for _ in prompts]
+    engine = rotating_engine(weights, 1, block_size=2, num_kv_blocks=16, max_num_batched_tokens=5)
+    assert drive(engine, prompts, params) == reference.generate(weights, prompts, params)
+    assert engine.scheduler.num_rotations > 0
+
+
+@settings(max_examples=10, deadline=None)
+@given(seed=st.integers(0, 2**32 - 1), delay=st.integers(0, 2),
+       p_out=st.floats(0.1, 0.9), p_in=st.floats(0.1, 0.9))
+def test_random_rotations_by_a_policy_keep_the_tokens(weights, seed, delay, p_out, p_in):
+    rng = np.random.default_rng(seed)
+    prompts = prompts_for(rng, weights.config.vocab_size, n=4, longest=10)
+    params = SamplingParams(temperature=0, max_tokens=10, ignore_eos=True)
+    engine = rotating_engine(weights, delay, block_size=2, num_kv_blocks=48)
+    engine.scheduler.resume_rotated = False  # the "policy" below decides every rotate-in
+
+    def policy(scheduler):
+        for seq in [s for s in scheduler.running if s.is_decoding]:
+            if rng.random() < p_out:
+                scheduler.rotate_out(seq)
+                assert seq.status is SequenceStatus.ROTATED
+        for seq in list(scheduler.rotated):
+            fits = scheduler.blocks_to_rotate_in(seq) + 1 <= scheduler.block_manager.num_free
+            if fits and (rng.random() < p_in or not scheduler.running):
+                scheduler.rotate_in(seq)
+        stats = scheduler.rotation_stats()
+        assert stats.num_rotated == len(scheduler.rotated)
+        assert stats.host_blocks_used + stats.host_blocks_free == scheduler.rotation.host.num_blocks
+
+    assert drive(engine, prompts, params, policy) == reference.generate(weights, prompts, params)
+
+
+def test_rotate_out_refuses_a_sequence_that_is_not_decoding(weights, rng):
+    engine = rotating_engine(weights, block_size=4, num_kv_blocks=16, max_num_batched_tokens=4)
+    engine.add_request(rng.integers(3, 100, size=9).tolist(), SamplingParams(max_tokens=2))
+    engine.step()  # the first chunk of 4 of its 9 prompt tokens
+    with pytest.raises(ValueError, match="decoding"):
+        engine.scheduler.rotate_out(engine.scheduler.running[0])
+
+
+@pytest.mark.parametrize("executor", ["eager", pytest.param("graph", marks=pytest.mark.gpu)])
+def test_kernel_executor_rotates(rng, executor):
+    """The kernel executor's pool through DeviceTransport (gather/scatter kernels, staging):
+    in the simulator here; on a GPU (tools/run_gpu_tests.sh) with its streams and events."""
+    weights = weights_of(MICRO, dtype=np.float32, seed=int(rng.integers(1000)))
+    prompts = [rng.integers(3, 64, size=3).tolist() for _ in range(2)]
+    params = SamplingParams(temperature=0, max_tokens=4, ignore_eos=True)
+    engine = LLMEngine(weights, EngineConfig(executor=executor, block_size=2, num_kv_blocks=5,
+                                             max_num_seqs=2, max_num_batched_tokens=8,
+                                             max_model_len=16, preemption="rotate"))
+    assert type(engine.scheduler.rotation.transport).__name__ == "DeviceTransport"
+    assert drive(engine, prompts, params) == reference.generate(weights, prompts, params, block_size=2)
+    assert engine.scheduler.num_rotations > 0
