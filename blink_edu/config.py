@@ -245,6 +245,7 @@ class SamplingParams:
 
 
 EXECUTORS = ("auto", "reference", "eager", "graph", "persistent")
+POLICY_NAMES = ("fcfs", "lvf", "waiting-first", "swapped-first")  # sched/policies.py's POLICIES
 
 
 @dataclass(frozen=True)
@@ -264,6 +265,15 @@ class EngineConfig:
     max_model_len: int | None = None  # None: the model's max_position_embeddings
     executor: str = "auto"
     weight_dtype: str = "auto"  # kernels' weights: float32 | float16 | auto (as on disk; bf16 -> fp16)
+    # What preemption does with a victim's KV: drop and recompute it later, or rotate it to host
+    # memory and back (DuplexKV, kv/rotation.py). num_host_kv_blocks: the host arena for rotate
+    # (None: 2 x num_kv_blocks -- room for a mirror of every GPU block plus as many rotated out).
+    preemption: str = "recompute"
+    num_host_kv_blocks: int | None = None
+    # Who runs, waits or rotates out each step (SuperInfer §3): "fcfs" is the scheduler's own
+    # FCFS with recompute preemption (vLLM v1); "lvf" (Largest-VLT-First), "waiting-first" and
+    # "swapped-first" are sched/policies.py's, best with preemption="rotate".
+    policy: str = "fcfs"
 
     def __post_init__(self):
         for name in ("block_size", "num_kv_blocks", "max_num_seqs", "max_num_batched_tokens"):
@@ -271,5 +281,16 @@ class EngineConfig:
                 raise ValueError(f"EngineConfig.{name} must be >= 1, got {getattr(self, name)}")
         if self.weight_dtype not in ("auto", "float32", "float16"):
             raise ValueError(f"weight_dtype must be auto, float32 or float16, got {self.weight_dtype!r}")
+        if self.preemption not in ("recompute", "rotate"):
+            raise ValueError(f"preemption must be recompute or rotate, got {self.preemption!r}")
+        if self.num_host_kv_blocks is not None and self.num_host_kv_blocks < 1:
+            raise ValueError(f"EngineConfig.num_host_kv_blocks must be >= 1, got {self.num_host_kv_blocks}")
+        if self.policy not in POLICY_NAMES:
+            raise ValueError(f"unknown scheduling policy {self.policy!r}; choose from "
+                             f"{', '.join(POLICY_NAMES)}")
         if self.executor not in EXECUTORS:
             raise ValueError(f"unknown executor {self.executor!r}; choose from {', '.join(EXECUTORS)}")
+        if self.executor == "persistent" and self.policy != "fcfs":
+            raise ValueError(f"policy {self.policy!r} needs a host-driven executor (reference, "
+                             f"eager or graph): the persistent kernel admits FCFS and never "
+                             f"preempts")

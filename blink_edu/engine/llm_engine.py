@@ -27,6 +27,7 @@ import numpy as np
 
 from ..backend import get_backend
 from ..config import EngineConfig, SamplingParams
+from ..kv.rotation import make_rotation_engine
 from ..model.weights import ModelWeights, load_weights
 from .reference_executor import ReferenceExecutor
 from .scheduler import Scheduler
@@ -43,9 +44,31 @@ def kernel_weight_dtype(weights: ModelWeights, engine_config: EngineConfig):
 
 
 def default_executor() -> str:
-    """``auto``: the CUDA-graph executor on a GPU; the NumPy reference on a CPU, where the
-    kernels would run in the (far too slow for serving) simulator."""
+    """``auto`` for ``LLMEngine`` (which drives steps from the host): the CUDA-graph executor on
+    a GPU; the NumPy reference on a CPU, where the kernels would run in the (far too slow for
+    serving) simulator."""
     return "reference" if get_backend().is_simulator else "graph"
+
+
+def make_scheduling_policy(name: str):
+    """None for "fcfs" (the scheduler's built-in FCFS), else the sched/ policy object."""
+    if name == "fcfs":
+        return None
+    from ..sched.policies import make_policy
+
+    return make_policy(name)
+
+
+def resolve_executor(name: str, policy: str = "fcfs") -> str:
+    """``auto`` for a server, which serves a ring: the persistent scheduler kernel on a GPU
+    (Blink's design), the NumPy reference on a CPU. The persistent kernel reserves each request's
+    KV blocks at admission and never preempts, so a scheduling policy other than FCFS runs on
+    the host-driven graph executor instead."""
+    if name != "auto":
+        return name
+    if get_backend().is_simulator:
+        return "reference"
+    return "persistent" if policy == "fcfs" else "graph"
 
 
 def make_executor(name: str, weights: ModelWeights, engine_config: EngineConfig):
@@ -60,7 +83,11 @@ def make_executor(name: str, weights: ModelWeights, engine_config: EngineConfig)
 
         cls = EagerExecutor if name == "eager" else GraphExecutor
         return cls(weights, engine_config, weight_dtype=kernel_weight_dtype(weights, engine_config))
-    raise ValueError(f"executor {name!r} is not available yet; choose reference, eager or graph")
+    if name == "persistent":
+        raise ValueError("the persistent executor owns the serving loop on the GPU and serves a "
+                         "ring, not LLMEngine.step(): use python -m blink_edu.serve --executor "
+                         "persistent, or engine.persistent.PersistentExecutor with a Ring")
+    raise ValueError(f"unknown executor {name!r}; choose reference, eager or graph")
 
 
 class StepOutput(NamedTuple):
@@ -80,6 +107,8 @@ class EngineStats:
     kv_blocks_free: int
     num_steps: int
     num_preemptions: int
+    num_rotated: int = 0  # requests whose KV is in host memory now (preemption="rotate")
+    host_kv_blocks_used: int = 0
 
 
 class LLMEngine:
@@ -100,10 +129,25 @@ class LLMEngine:
         self.executor = (executor if executor is not None
                          else make_executor(self.config.executor, self.weights, self.config))
         eos = model.eos_token_ids if eos_token_ids is None else eos_token_ids
-        self.scheduler = Scheduler(self.config, self.max_model_len, eos)
+        self.scheduler = Scheduler(self.config, self.max_model_len, eos,
+                                   policy=make_scheduling_policy(self.config.policy))
+        if self.config.preemption == "rotate":
+            self.scheduler.attach_rotation(self.make_rotation_engine())
         self.requests: dict[object, Sequence] = {}  # unfinished requests by request id
         self._next_seq_id = itertools.count()
         self.num_steps = 0
+
+    def make_rotation_engine(self, eager: bool = True, delay: int = 0):
+        """DuplexKV over the executor's KV pool and the scheduler's block manager
+        (``kv/rotation.py``); ``delay``: copies land that many steps late (NumPy pool only)."""
+        pool = getattr(self.executor, "kv_pool", None)
+        if pool is None:
+            raise ValueError(f"executor {getattr(self.executor, 'name', self.executor)!r} exposes "
+                             f"no kv_pool: preemption='rotate' needs one")
+        host_blocks = self.config.num_host_kv_blocks or 2 * self.config.num_kv_blocks
+        return make_rotation_engine(self.scheduler.block_manager, pool, host_blocks,
+                                    compute_stream=getattr(self.executor, "compute_stream", None),
+                                    eager=eager, delay=delay)
 
     def add_request(self, prompt_token_ids, params: SamplingParams | None = None,
                     request_id=None):
@@ -135,6 +179,8 @@ class LLMEngine:
         sampled = self.executor.step(batch)  # (S,) int32
         produced = self.scheduler.postprocess(scheduled, sampled, now=time.monotonic())
         self.num_steps += 1
+        if self.scheduler.rotation is not None and not self.has_unfinished():
+            self.scheduler.rotation.wait_all()  # idle: let the last copies land
         for seq in produced:
             if seq.is_finished:
                 del self.requests[seq.request_id]
@@ -153,9 +199,11 @@ class LLMEngine:
         return self.scheduler.has_unfinished()
 
     def stats(self) -> EngineStats:
-        blocks = self.scheduler.block_manager
+        blocks, rotation = self.scheduler.block_manager, self.scheduler.rotation
         return EngineStats(num_running=len(self.scheduler.running),
                            num_waiting=len(self.scheduler.waiting),
                            kv_blocks_used=blocks.num_blocks - blocks.num_free,
                            kv_blocks_free=blocks.num_free, num_steps=self.num_steps,
-                           num_preemptions=self.scheduler.num_preemptions)
+                           num_preemptions=self.scheduler.num_preemptions,
+                           num_rotated=len(self.scheduler.rotated),
+                           host_kv_blocks_used=rotation.host.num_used if rotation else 0)

@@ -9,6 +9,7 @@ poll for completion -> publish tokens") and DESIGN.md §2. This is that loop in 
                         cas -> PREFILL_PROCESSING; engine.add_request(..., request_id=slot)
     for each live slot with its cancel flag up:  engine.abort(slot), complete it with "abort"
     engine.step()  ->  publish each new token: arena first, then `generated` (then the state)
+    requests rotated out to host memory (DuplexKV)  ->  DECODE_PAUSED, and back
 
 The engine uses the slot number as its request id: a slot holds one request at a time. A slot
 whose payload is invalid (a token id outside the vocabulary, a size out of range, bad sampling
@@ -23,8 +24,8 @@ import time
 import numpy as np
 
 from ..config import SamplingParams
-from ..ring.layout import (DECODE_COMPLETED, DECODE_PROCESSING, FINISH_CODES, PREFILL_PENDING,
-                           PREFILL_PROCESSING, Ring)
+from ..ring.layout import (DECODE_COMPLETED, DECODE_PAUSED, DECODE_PROCESSING, FINISH_CODES,
+                           PREFILL_PENDING, PREFILL_PROCESSING, Ring)
 from .llm_engine import LLMEngine, StepOutput
 
 
@@ -50,7 +51,20 @@ class RingEngineLoop:
         outputs = self.engine.step() if self.engine.has_unfinished() else []
         for out in outputs:
             self._publish(out)
+        if self.engine.scheduler.rotation is not None:
+            self._mark_rotated()
         return bool(admitted or cancelled or outputs)
+
+    def _mark_rotated(self) -> None:
+        """A request whose KV was rotated out to host memory shows as DECODE_PAUSED (SuperInfer's
+        rotary state) until it is back on the GPU."""
+        rotated = {seq.request_id for seq in self.engine.scheduler.rotated}
+        for slot in self.live:
+            state = int(self.ring.state[slot])
+            if slot in rotated and state == DECODE_PROCESSING:
+                self.ring.advance(slot, DECODE_PROCESSING, DECODE_PAUSED)
+            elif slot not in rotated and state == DECODE_PAUSED:
+                self.ring.advance(slot, DECODE_PAUSED, DECODE_PROCESSING)
 
     # --- scan and claim ----------------------------------------------------------------------
     def _admit(self) -> int:

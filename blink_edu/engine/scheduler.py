@@ -24,6 +24,18 @@ After the executor returns one sampled token per scheduled sequence, ``postproce
 what was written to the cache, appends tokens, applies the stop rules and frees the blocks of
 finished sequences.
 
+**Rotation** (SuperInfer's rotary state; DuplexKV in ``kv/rotation.py``). With a rotation engine
+attached (``EngineConfig(preemption="rotate")``), a policy may move a decoding sequence's K/V to
+host memory and back between steps: ``rotate_out(seq)`` / ``rotate_in(seq)``, with
+``rotation_stats()`` for the numbers a policy decides from (host blocks used, blocks in flight).
+A rotated sequence keeps its tokens and resumes exactly where it stopped. With
+``preemption="rotate"`` the built-in FCFS policy uses it too: a preemption victim that is
+decoding is rotated out instead of recomputed (if the host has room), and rotated sequences are
+rotated back in, oldest first, before any new prompt is admitted (vLLM v0's swapped-first).
+Each step starts with ``rotation.tick()`` (land finished copies) and ends with
+``rotation.flush()`` (eagerly copy out the blocks that just filled). A sequence whose copy-in
+has not landed is skipped unless the model's kernels can be ordered after it (on a GPU).
+
 Why this cannot get stuck: admission takes blocks only for the chunk it schedules, and at most one
 running sequence is ever part-way through its prompt — the last one admitted, because a prompt is
 cut only when the budget runs out. The oldest running sequence always progresses (it preempts
@@ -33,18 +45,21 @@ whole pool on its own.
 
 from __future__ import annotations
 
+import time
 from collections import deque
 
 import numpy as np
 
 from ..config import EngineConfig
-from ..kv.block_manager import BlockManager, blocks_needed
+from ..kv.block_manager import COPY_OUT, BlockManager, blocks_needed
+from ..kv.host_store import OutOfHostBlocks
 from .sequence import Sequence, SequenceStatus
+from .policy_step import run_policy
 from .step import StepBatch, pack_step
 
 
 class Scheduler:
-    def __init__(self, config: EngineConfig, max_model_len: int, eos_token_ids=()):
+    def __init__(self, config: EngineConfig, max_model_len: int, eos_token_ids=(), policy=None):
         self.max_num_seqs = config.max_num_seqs
         self.max_num_batched_tokens = config.max_num_batched_tokens
         self.max_model_len = max_model_len
@@ -52,7 +67,27 @@ class Scheduler:
         self.block_manager = BlockManager(config.num_kv_blocks, config.block_size)
         self.waiting: deque[Sequence] = deque()  # FCFS queue; preempted sequences go to the front
         self.running: list[Sequence] = []  # in order of admission: the last is preempted first
+        self.rotated: deque[Sequence] = deque()  # rotated out to host memory, oldest first
         self.num_preemptions = 0
+        self.num_rotations = 0  # rotate-outs, by preemption or asked for
+        self.preemption = config.preemption
+        self.rotation = None  # a kv.rotation.RotationEngine, once attached
+        # preemption="rotate": rotate sequences back in FCFS each step. A policy that decides
+        # rotate-ins itself sets this to False.
+        self.resume_rotated = config.preemption == "rotate"
+        # A RotaSched policy (sched/policies.py) deciding admissions and preemptions at the head
+        # of each step (engine/policy_step.py); None: the FCFS rules of this module's docstring.
+        self.policy = policy
+        if policy is not None:
+            self.resume_rotated = False
+        self.last_decision = None
+        self._admissible: set[int] | None = None  # waiting ids the policy admitted this step
+
+    def attach_rotation(self, rotation) -> None:
+        """Give the scheduler a ``kv.rotation.RotationEngine`` over the same block manager."""
+        if rotation.blocks is not self.block_manager:
+            raise ValueError("the rotation engine must share the scheduler's block manager")
+        self.rotation = rotation
 
     # --- requests in and out ------------------------------------------------------------------
     def add(self, seq: Sequence) -> None:
@@ -77,23 +112,94 @@ class Scheduler:
             return
         if seq in self.running:
             self.running.remove(seq)
+        elif seq in self.rotated:
+            self.rotated.remove(seq)
         else:
             self.waiting.remove(seq)
         self._finish(seq, "abort")
 
     def has_unfinished(self) -> bool:
-        return bool(self.waiting or self.running)
+        return bool(self.waiting or self.running or self.rotated)
+
+    # --- rotation: the mechanism a policy drives (between steps) -------------------------------
+    def rotate_out(self, seq: Sequence) -> int:
+        """Move a running, decoding sequence's K/V to host memory; its GPU blocks are freed
+        (each as soon as its copy lands). Returns the blocks copied now: with eager rotation at
+        most its dirty tail. OutOfHostBlocks (nothing changed) if the host arena is full."""
+        if seq not in self.running or not seq.is_decoding:
+            raise ValueError(f"{seq}: only a running, decoding sequence can be rotated out")
+        moved = self._rotate_out(seq)
+        self.running.remove(seq)
+        return moved
+
+    def rotate_in(self, seq: Sequence) -> None:
+        """Bring a rotated sequence back: GPU blocks now, its K/V copied in; it runs once the
+        copy has landed. OutOfBlocks (nothing changed) if too few GPU blocks are free."""
+        if seq not in self.rotated:
+            raise ValueError(f"{seq} is not rotated out")
+        if len(self.running) >= self.max_num_seqs:
+            raise ValueError(f"{seq}: already max_num_seqs={self.max_num_seqs} sequences running")
+        self.rotation.rotate_in(seq.seq_id)
+        self.rotated.remove(seq)
+        seq.status = SequenceStatus.RUNNING
+        seq.run_start_time = time.monotonic()
+        self.running.append(seq)
+
+    def blocks_to_rotate_in(self, seq: Sequence) -> int:
+        """GPU blocks ``rotate_in(seq)`` takes (the next decode may need one more)."""
+        return self.rotation.blocks_to_rotate_in(seq.seq_id)
+
+    def rotation_stats(self):
+        """A ``kv.rotation.RotationStats``: host blocks used/free, blocks in flight each way,
+        sequences rotated/loading, blocks moved so far."""
+        return self.rotation.stats()
+
+    def _rotate_out(self, seq: Sequence) -> int:
+        if self.rotation is None:
+            raise RuntimeError("no rotation engine: use EngineConfig(preemption='rotate')")
+        moved = self.rotation.rotate_out(seq.seq_id)
+        seq.status = SequenceStatus.ROTATED
+        seq.num_rotations += 1
+        self.rotated.append(seq)
+        self.num_rotations += 1
+        return moved
+
+    def _resume_rotated(self) -> None:
+        """FCFS over rotated sequences: rotate each back in while the GPU has blocks for it and
+        for the next token of every running sequence."""
+        bm = self.block_manager
+        while self.rotated and len(self.running) < self.max_num_seqs:
+            seq = self.rotated[0]
+            reserve = sum(bm.blocks_to_grow(s.seq_id, s.num_tokens) for s in self.running)
+            if blocks_needed(seq.num_tokens, bm.block_size) + reserve > bm.num_free:
+                return
+            self.rotate_in(seq)
+
+    def _ready(self, seq: Sequence) -> bool:
+        return self.rotation is None or self.rotation.ready(seq.seq_id)
 
     # --- one step -----------------------------------------------------------------------------
     def schedule(self) -> tuple[StepBatch | None, list[Sequence]]:
         """Pick this step's work; (None, []) when there is nothing to run."""
         scheduled: list[Sequence] = []
         budget = self.max_num_batched_tokens
+        if self.rotation is not None:
+            self.rotation.tick()
+            if self.resume_rotated:
+                self._resume_rotated()
+        if self.policy is not None:
+            self._admissible = run_policy(self, self.policy, time.monotonic())
         preemptions_before = self.num_preemptions
         budget = self._schedule_decodes(scheduled, budget)
         self._schedule_prompts(scheduled, budget,
-                               admit_new=self.num_preemptions == preemptions_before)
-        assert scheduled or not self.has_unfinished(), "scheduler stalled with work to do"
+                               admit_new=self.num_preemptions == preemptions_before
+                               and not (self.resume_rotated and self.rotated))
+        # Nothing to run is fine while copies are in flight, or while a policy keeps everyone
+        # rotated out (it decides rotate-ins itself); otherwise it would be a stall.
+        waits_for_rotation = self.rotation is not None and bool(
+            self.rotation.transport.in_flight or (self.rotated and not self.resume_rotated))
+        assert scheduled or not self.has_unfinished() or waits_for_rotation, \
+            "scheduler stalled with work to do"
         if not scheduled:
             return None, []
         return self._pack(scheduled), scheduled
@@ -106,6 +212,8 @@ class Scheduler:
             i += 1
             if not seq.is_decoding:
                 continue  # part-way through its prompt: step 2 continues it
+            if not self._ready(seq):
+                continue  # rotated in, its copy-in still in flight
             if not self._make_room_for_one_token(seq):
                 break  # it preempted itself: nobody after it is left
             self._schedule_chunk(seq, 1, scheduled)
@@ -116,6 +224,9 @@ class Scheduler:
         """Grow ``seq`` by one token, preempting the newest running sequences until it fits.
         False if ``seq`` itself had to be preempted."""
         while not self.block_manager.can_grow(seq.seq_id, seq.num_tokens):
+            if self.rotation is not None and self.block_manager.num_draining:
+                self.rotation.wait_for_draining()  # blocks a rotate-out is giving back
+                continue
             victim = self.running.pop()  # the most recently admitted (never one already scheduled)
             self._preempt(victim)
             if victim is seq:
@@ -132,11 +243,14 @@ class Scheduler:
             budget -= chunk
         while admit_new and self.waiting and len(self.running) < self.max_num_seqs:
             seq = self.waiting[0]
+            if self._admissible is not None and seq.seq_id not in self._admissible:
+                return  # the policy keeps it waiting this step
             chunk = self._prompt_chunk(seq, budget)
             if chunk == 0:
                 return
             self.waiting.popleft()
             seq.status = SequenceStatus.RUNNING
+            seq.run_start_time = time.monotonic()
             self.running.append(seq)
             self._schedule_chunk(seq, chunk, scheduled)
             budget -= chunk
@@ -150,17 +264,47 @@ class Scheduler:
 
     def _schedule_chunk(self, seq: Sequence, num_tokens: int, scheduled: list[Sequence]) -> None:
         self.block_manager.grow(seq.seq_id, seq.num_cached_tokens + num_tokens)
+        if self.rotation is not None:
+            self._check_writable(seq, num_tokens)
         seq.num_scheduled_tokens = num_tokens
         scheduled.append(seq)
 
+    def _check_writable(self, seq: Sequence, num_tokens: int) -> None:
+        """The blocks this step writes must have no copy out of them in flight."""
+        B, start = self.block_manager.block_size, seq.num_cached_tokens
+        table = self.block_manager.block_table(seq.seq_id)
+        written = table[start // B: blocks_needed(start + num_tokens, B)]
+        if (self.block_manager.transfer[written] == COPY_OUT).any():
+            raise RuntimeError(f"{seq}: a block this step writes is being copied out")
+
     def _preempt(self, seq: Sequence) -> None:
-        """Preemption by recompute: drop its K/V; it keeps its tokens, refills the cache later."""
+        """Preemption: by rotation when asked for and possible (a decoding sequence, room on the
+        host), else by recompute: drop its K/V; it keeps its tokens, refills the cache later."""
+        self.num_preemptions += 1
+        seq.num_preemptions += 1
+        if self.preemption == "rotate" and self.rotation is not None and seq.is_decoding:
+            try:
+                self._rotate_out(seq)
+                return
+            except OutOfHostBlocks:
+                pass
+        self.preempt_by_recompute(seq, counted=True)
+
+    def preempt_by_recompute(self, seq: Sequence, counted: bool = False) -> None:
+        """Drop ``seq``'s K/V (it is no longer in ``running``); it keeps its tokens and goes to
+        the front of the waiting queue to refill its cache later."""
+        if not counted:
+            self.num_preemptions += 1
+            seq.num_preemptions += 1
+        self._forget_rotation(seq)
         self.block_manager.free(seq.seq_id)
         seq.num_cached_tokens = 0
         seq.status = SequenceStatus.PREEMPTED
-        seq.num_preemptions += 1
         self.waiting.appendleft(seq)
-        self.num_preemptions += 1
+
+    def _forget_rotation(self, seq: Sequence) -> None:
+        if self.rotation is not None:
+            self.rotation.forget(seq.seq_id)
 
     def _pack(self, scheduled: list[Sequence]) -> StepBatch:
         chunks = [(s.token_ids[s.num_cached_tokens:s.num_cached_tokens + s.num_scheduled_tokens],
@@ -177,9 +321,12 @@ class Scheduler:
         Returns the sequences that got a new token (some of them now finished)."""
         produced = []
         for seq, token in zip(scheduled, sampled_tokens.tolist()):
+            written_from = seq.num_cached_tokens
             seq.num_cached_tokens += seq.num_scheduled_tokens
             seq.num_scheduled_tokens = 0
             self.block_manager.mark_written(seq.seq_id, seq.num_cached_tokens)
+            if self.rotation is not None:
+                self.rotation.on_written(seq.seq_id, written_from, seq.num_cached_tokens)
             if seq.num_cached_tokens < seq.num_tokens:
                 continue  # a prompt chunk that did not reach the end: its sample is meaningless
             seq.append_token(token, now)
@@ -188,6 +335,8 @@ class Scheduler:
             if reason:
                 self.running.remove(seq)
                 self._finish(seq, reason)
+        if self.rotation is not None:
+            self.rotation.flush()  # eager rotation: copy out the blocks that just filled
         return produced
 
     def _finish_reason(self, seq: Sequence, token: int) -> str | None:
@@ -201,6 +350,7 @@ class Scheduler:
         return None
 
     def _finish(self, seq: Sequence, reason: str) -> None:
+        self._forget_rotation(seq)
         self.block_manager.free(seq.seq_id)
         seq.status = SequenceStatus.FINISHED
         seq.finish_reason = reason

@@ -16,7 +16,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from ..config import EXECUTORS
+from ..config import EXECUTORS, POLICY_NAMES
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -29,6 +29,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--executor", default="auto",
                    choices=EXECUTORS,
                    help="who runs each step (auto: the backend picks)")
+    p.add_argument("--policy", default="fcfs", choices=POLICY_NAMES,
+                   help="scheduling under memory pressure: fcfs (recompute preemption, vLLM v1), "
+                        "lvf (SuperInfer's Largest-VLT-First, KV rotated to host memory), "
+                        "waiting-first, swapped-first")
     p.add_argument("--ring-slots", type=int, default=4096, help="ring buffer slots")
     p.add_argument("--kv-blocks", type=int, default=512, help="KV cache blocks (16 tokens each)")
     p.add_argument("--max-num-seqs", type=int, default=64, help="most requests per step")

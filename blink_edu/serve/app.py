@@ -57,6 +57,8 @@ from .protocol import (ChatChoice, ChatChunkChoice, ChatCompletionChunk, ChatCom
                        ModelCard, ModelList, SamplingFields, Usage)
 from .stream import EngineFailed, RequestStream, SlotReaper
 
+DISCONNECT_CHECK_S = 0.1  # how often a non-streamed request looks for its client hanging up
+
 
 @dataclass(frozen=True)
 class ServeSettings:
@@ -141,7 +143,7 @@ def create_app(client: RingClient, tokenizer: Tokenizer, settings: ServeSettings
         reply = CompletionReply(stream, settings.model_name)
         if body.stream:
             return SSEResponse(reply.events(include_usage(body)))
-        return await reply.whole()
+        return await reply.whole(request)
 
     @app.post("/v1/chat/completions")
     async def chat_completions(request: Request):
@@ -154,7 +156,7 @@ def create_app(client: RingClient, tokenizer: Tokenizer, settings: ServeSettings
         reply = ChatReply(stream, settings.model_name)
         if body.stream:
             return SSEResponse(reply.events(include_usage(body)))
-        return await reply.whole()
+        return await reply.whole(request)
 
     @app.get("/v1/models")
     async def models(request: Request):
@@ -332,13 +334,27 @@ class Reply:
         return Usage(prompt_tokens=prompt, completion_tokens=completion,
                      total_tokens=prompt + completion)
 
-    async def whole(self):
+    async def whole(self, request: Request):
+        """The whole answer at once. A client that hangs up meanwhile (its HTTP disconnect
+        arrives while we wait) cancels the request: its slot and KV blocks are freed now, not
+        when the last token is done."""
+        collect = asyncio.ensure_future(self._collect())
         try:
-            async with aclosing(self.stream.text()) as pieces:
-                text = "".join([piece async for piece in pieces])
+            while not collect.done():
+                await asyncio.wait({collect}, timeout=DISCONNECT_CHECK_S)
+                if not collect.done() and await request.is_disconnected():
+                    collect.cancel()  # closes the text generator: its finally cancels the slot
+                    return Response(status_code=499)  # nobody is listening any more
+            text = collect.result()
         except EngineFailed as err:
             raise APIError(500, str(err), "server_error", code="engine_error") from None
+        finally:
+            collect.cancel()
         return self.answer(text)
+
+    async def _collect(self) -> str:
+        async with aclosing(self.stream.text()) as pieces:
+            return "".join([piece async for piece in pieces])
 
     async def events(self, with_usage: bool):
         try:

@@ -20,6 +20,7 @@ import multiprocessing
 import signal
 import sys
 import time
+from dataclasses import replace
 
 STATS_FIELDS = ("kv_blocks_used", "kv_blocks_free", "num_running", "num_waiting", "num_steps",
                 "num_preemptions", "published")
@@ -67,10 +68,12 @@ def run_engine(ring_name: str, model_dir: str, engine_config, stop, board: Engin
     eos = stop_ids(model_dir, Tokenizer.from_folder(model_dir))
     parent = multiprocessing.parent_process()
     try:
-        if resolve_executor(engine_config.executor) == "persistent":
+        executor = resolve_executor(engine_config.executor, engine_config.policy)
+        if executor == "persistent":
             run_persistent(ring, model_dir, engine_config, eos, stop, board, parent)
             return
-        engine = LLMEngine(model_dir, engine_config, eos_token_ids=eos)
+        engine = LLMEngine(model_dir, replace(engine_config, executor=executor),
+                           eos_token_ids=eos)
         print(f"blink_edu.serve engine: executor={engine.executor.name}, {describe()}, "
               f"{engine_config.num_kv_blocks} KV blocks x {engine_config.block_size} tokens, "
               f"max_num_seqs={engine_config.max_num_seqs}", file=sys.stderr, flush=True)

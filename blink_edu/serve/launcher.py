@@ -83,7 +83,9 @@ def serve(args) -> int:
     model = ModelConfig.from_folder(folder)
     tokenizer = Tokenizer.from_folder(folder)
     engine_config = EngineConfig(executor=args.executor, num_kv_blocks=args.kv_blocks,
-                                 max_num_seqs=args.max_num_seqs)
+                                 max_num_seqs=args.max_num_seqs, policy=args.policy,
+                                 # a policy that rotates needs DuplexKV's host arena
+                                 preemption="recompute" if args.policy == "fcfs" else "rotate")
     # A request must fit the model's context and, alone, the KV pool.
     max_model_len = min(model.max_position_embeddings,
                         engine_config.num_kv_blocks * engine_config.block_size)
@@ -119,5 +121,5 @@ def banner(args, settings: ServeSettings, folder: Path, layout: RingLayout,
             f"(OpenAI API under /v1; /health, /metrics)\n"
             f"  model {settings.model_name!r} from {folder} (context {settings.max_model_len})\n"
             f"  ring {engine.ring.name}: {layout.num_slots} slots, {megabytes:.1f} MiB; "
-            f"engine process {engine.process.pid} (executor {args.executor}: it prints its "
-            f"backend when loaded)")
+            f"engine process {engine.process.pid} (executor {args.executor}, policy "
+            f"{args.policy}: it prints its backend when loaded)")

@@ -171,7 +171,7 @@ def test_bad_requests_raise_clear_errors(weights):
         engine.add_request([1, 2], GREEDY, request_id="a")
     with pytest.raises(ValueError, match="max_position_embeddings"):
         LLMEngine(weights, EngineConfig(max_model_len=weights.config.max_position_embeddings + 1))
-    with pytest.raises(ValueError, match="not available yet"):
+    with pytest.raises(ValueError, match="serves a ring"):
         make_executor("persistent", weights, EngineConfig())
 
 

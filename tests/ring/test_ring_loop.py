@@ -294,3 +294,32 @@ def test_a_frontend_in_another_process_is_served(weights, rng):
         assert_all_free(ring, loop)
     want = reference.generate(weights, prompts, [greedy(m) for m in max_tokens])
     assert [results[i] for i in range(8)] == [[w, "length"] for w in want]
+
+
+def test_rotated_requests_show_as_decode_paused(weights, rng):
+    """With DuplexKV rotation (policy lvf), a request whose KV is on the host is DECODE_PAUSED in
+    the ring, and comes back to DECODE_PROCESSING; tokens stay the reference's."""
+    from blink_edu.ring.layout import DECODE_PAUSED
+
+    config = EngineConfig(executor="reference", block_size=4, num_kv_blocks=8, max_num_seqs=4,
+                          max_num_batched_tokens=16, preemption="rotate", policy="lvf")
+    ring = Ring(bytearray(LAYOUT.nbytes), LAYOUT)
+    loop = RingEngineLoop(ring, LLMEngine(weights, config))
+    client = RingClient(ring)
+    prompts = [rng.integers(3, VOCAB, size=8).tolist() for _ in range(5)]
+    slots = [client.submit(p, greedy(8), request_id=i) for i, p in enumerate(prompts)]
+    paused_seen, done = set(), {}
+    for _ in range(500):
+        loop.run_once()
+        paused_seen |= {s for s in slots if ring.state[s] == DECODE_PAUSED}
+        for s in slots:
+            if s not in done:
+                tokens, finished, _ = client.poll(s, 0)
+                if finished:
+                    done[s] = tokens
+                    client.release(s)
+        if len(done) == len(slots):
+            break
+    assert paused_seen, "no request was rotated out: the pool was not small enough"
+    assert [done[s] for s in slots] == reference.generate(weights, prompts, greedy(8))
+    assert (ring.state == EMPTY).all()

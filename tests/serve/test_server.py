@@ -275,3 +275,15 @@ def test_dead_engine_fails_in_flight_requests_and_health(tmp_path):
             client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=4)
         ring = Path("/dev/shm") / r.json()["ring"]["name"]
         assert server.stop() == 0 and not ring.exists()
+
+
+def test_non_streamed_client_disconnect_cancels_and_frees_the_slot(server):
+    aborted = server.metric("blink_edu:request_success_total", finished_reason="abort")
+    body = {"prompt": PROMPT, "max_tokens": 400, **LONG}
+    start = time.monotonic()
+    with pytest.raises(httpx.ReadTimeout):  # the client gives up waiting and hangs up
+        httpx.post(f"{server.url}/v1/completions", json=body, timeout=0.5, headers=server.headers)
+    detail = server.wait_idle()
+    assert detail["ring"]["slots"]["EMPTY"] == 16 and detail["kv_blocks"]["used"] == 0
+    assert time.monotonic() - start < 3.0, "the slot was freed only when 400 tokens were done"
+    assert server.metric("blink_edu:request_success_total", finished_reason="abort") == aborted + 1

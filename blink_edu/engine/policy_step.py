@@ -1,0 +1,95 @@
+"""A RotaSched policy at the head of each engine step: describe, decide, apply.
+
+SuperInfer §3 (RotaSched: every iteration, decide who runs, who waits and who rotates out, by
+Virtual Lag Time) and DESIGN.md §6, §8 ("sched/ policies decide from plain numbers; they never
+call an executor"). The policy (``blink_edu.sched.policies``) sees plain numbers; this module is
+the glue between it and the engine's ``Scheduler``:
+
+1. **describe** — one ``RequestView`` per live ``Sequence``, in FCFS order: running (in order of
+   admission), then waiting (front first), then rotated out (oldest first); times are
+   ``time.monotonic`` seconds, blocks come from the block manager;
+2. **decide** — ``policy.decide(view)``;
+3. **apply** — preempt (into the rotary state through DuplexKV when the sequence is decoding and
+   the host has room, else by recompute), rotate the admitted rotary ones back in, and put the
+   admitted waiting ones at the front of the queue. The scheduler's token-budget code then runs
+   as always, admitting from the waiting queue only the sequences the policy admitted.
+
+Same tokens whatever the policy: a sequence's seed and counter travel with it, so only *when* it
+runs changes, never *what* it samples.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+
+from ..kv.block_manager import OutOfBlocks, blocks_needed
+from ..kv.host_store import OutOfHostBlocks
+from ..sched.policies import Decision, Policy, RequestView, StepView
+from ..sched.vlt import ROTARY, RUNNING, WAITING
+from .sequence import Sequence
+
+
+def describe(scheduler, now: float) -> tuple[StepView, dict[int, Sequence]]:
+    """The step as the policy sees it, and the sequences by id."""
+    bm = scheduler.block_manager
+    views, by_id = [], {}
+    for state, seqs in ((RUNNING, scheduler.running), (WAITING, scheduler.waiting),
+                        (ROTARY, scheduler.rotated)):
+        for seq in seqs:
+            if state == RUNNING:
+                held = len(bm.block_table(seq.seq_id))
+                to_run = bm.blocks_to_grow(seq.seq_id, seq.num_tokens)
+            elif state == WAITING:
+                held, to_run = 0, blocks_needed(seq.num_tokens, bm.block_size)
+            else:
+                held, to_run = 0, scheduler.blocks_to_rotate_in(seq)
+            views.append(RequestView(
+                request_id=seq.seq_id, state=state, arrival_time=seq.arrival_time,
+                run_start_time=math.nan if seq.run_start_time is None else seq.run_start_time,
+                last_token_time=seq.token_times[-1] if seq.token_times else math.nan,
+                blocks_held=held, blocks_to_run=to_run,
+                blocks_on_host=to_run if state == ROTARY else 0,
+                num_prompt_tokens=seq.num_prompt_tokens, num_output_tokens=seq.num_output_tokens))
+            by_id[seq.seq_id] = seq
+    view = StepView(now=now, free_blocks=bm.num_free, requests=views,
+                    max_num_seqs=scheduler.max_num_seqs)
+    return view, by_id
+
+
+def apply(scheduler, decision: Decision, by_id: dict[int, Sequence]) -> set[int]:
+    """Carry the decision out; returns the ids of the waiting sequences it admitted."""
+    for sid in decision.preempt_recompute:
+        scheduler.running.remove(by_id[sid])
+        scheduler.preempt_by_recompute(by_id[sid])
+    for sid in decision.preempt_rotary:
+        seq = by_id[sid]
+        if scheduler.rotation is not None and seq.is_decoding:
+            try:
+                scheduler.rotate_out(seq)
+                continue
+            except OutOfHostBlocks:
+                pass
+        scheduler.running.remove(seq)  # mid-prompt (or no room on the host): recompute
+        scheduler.preempt_by_recompute(seq)
+    admitted_waiting = []
+    for sid in decision.admit:
+        seq = by_id[sid]
+        if seq in scheduler.rotated:
+            try:
+                scheduler.rotate_in(seq)
+            except (OutOfBlocks, ValueError):
+                break  # the GPU is full after all: the rest waits for the next step
+        else:
+            admitted_waiting.append(seq)
+    rest = [s for s in scheduler.waiting if s not in admitted_waiting]
+    scheduler.waiting = deque(admitted_waiting + rest)
+    return {s.seq_id for s in admitted_waiting}
+
+
+def run_policy(scheduler, policy: Policy, now: float) -> set[int]:
+    """describe -> decide -> apply; the waiting sequences the scheduler may admit this step."""
+    view, by_id = describe(scheduler, now)
+    decision = policy.decide(view)
+    scheduler.last_decision = decision
+    return apply(scheduler, decision, by_id)
