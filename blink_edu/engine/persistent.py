@@ -166,6 +166,7 @@ class PersistentExecutor:
         if self._thread is not None or self._stream is not None:
             raise RuntimeError("the persistent kernel is already running")
         self.control.host[:] = 0
+        self.control.host[pk.C_FREE_BLOCKS] = self.num_kv_blocks  # until the kernel's first step
         args = self._args()
         if self.backend.is_simulator:  # one block; the launch blocks, so it gets a thread
             self._thread = threading.Thread(target=self._run_simulated, args=(args,),
