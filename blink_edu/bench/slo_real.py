@@ -5,8 +5,8 @@ The real engine is ``LLMEngine`` with the bundled model and a KV pool small enou
 preemption and rotation (DuplexKV, ``preemption="rotate"``). On this machine it runs the NumPy
 reference executor on the CPU; on a GPU the graph executor (``--executor``). The experiment:
 
-1. **calibrate** the simulator's step-time model on this machine and executor: time decode steps
-   of 1..S sequences and prompt steps of many tokens, fit ``step = a + b * tokens``;
+1. **calibrate** the simulator's step-time model on this machine and executor: time every step
+   of a warm-up run, fit ``step = a + b * batched tokens + c * context tokens``;
 2. build a preset from it (the same KV pool, block size, batch limits; SLOs scaled to the step as
    the paper's are: S_B = 5 a, S_F = 50 S_B);
 3. for each rate and policy, replay one seeded Poisson workload with ShareGPT-like log-normal
@@ -61,44 +61,53 @@ def engine_config(args, policy: str) -> EngineConfig:
                         policy=policy)
 
 
-def calibrate(weights, args, rng) -> tuple[float, float]:
-    """(a, b) of ``step = a + b * tokens`` for this machine's executor (decode and prefill steps)."""
-    engine = LLMEngine(weights, engine_config(args, "fcfs"))
-    tokens, times = [], []
-    for batch in (1, 2, 4, 8, 16):
-        for _ in range(batch):
-            engine.add_request(rng.integers(3, 4000, size=8).tolist(),
-                               SamplingParams(temperature=0, max_tokens=6, ignore_eos=True))
-        engine.step()  # the prompts
-        for _ in range(4):
-            start = time.perf_counter()
-            engine.step()
-            times.append(time.perf_counter() - start)
-            tokens.append(batch)
-        while engine.has_unfinished():
-            engine.step()
-    for n in (64, 128, 256):  # prefill steps of n tokens
-        engine.add_request(rng.integers(3, 4000, size=n).tolist(),
-                           SamplingParams(temperature=0, max_tokens=1, ignore_eos=True))
+class TimedExecutor:
+    """Wraps an executor: records (batched tokens, context tokens, seconds) of every step."""
+
+    def __init__(self, executor):
+        self.executor, self.records = executor, []
+
+    def __getattr__(self, name):
+        return getattr(self.executor, name)
+
+    def step(self, batch):
         start = time.perf_counter()
+        out = self.executor.step(batch)
+        context = int((batch.positions + 1).sum())  # keys each token attends over
+        self.records.append((batch.num_tokens, context, time.perf_counter() - start))
+        return out
+
+
+def calibrate(weights, args, rng) -> tuple[float, float, float]:
+    """(a, b, c) of ``step = a + b * batched tokens + c * context tokens`` on this machine: least
+    squares over every step of a warm-up run (FCFS) of the experiment's own kind of workload."""
+    engine = LLMEngine(weights, engine_config(args, "fcfs"))
+    timed = engine.executor = TimedExecutor(engine.executor)
+    workload = poisson_workload(24, 1e6, LENGTHS, args.seed + 1)  # all at once: every batch size
+    for spec in workload:
+        engine.add_request(rng.integers(3, weights.config.vocab_size, size=spec.prompt_len).tolist(),
+                           SamplingParams(temperature=0, max_tokens=spec.output_len, ignore_eos=True))
+    while engine.has_unfinished():
         engine.step()
-        times.append(time.perf_counter() - start)
-        tokens.append(n)
-    return fit_linear(tokens, times)
+    tokens, context, seconds = (np.array(v, dtype=np.float64) for v in zip(*timed.records))
+    design = np.stack([np.ones_like(tokens), tokens, context], axis=1)  # (steps, 3)
+    a, b, c = np.linalg.lstsq(design, seconds, rcond=None)[0]
+    return float(max(a, 0.0)), float(max(b, 0.0)), float(max(c, 0.0))
 
 
-def preset_for(weights, args, a: float, b: float) -> Preset:
+def preset_for(weights, args, a: float, b: float, c: float) -> Preset:
     block_bytes = block_nbytes(weights.config, 16, itemsize=4)
     tbt = 5 * a
     return Preset(
         name=f"bundled-{args.executor}-measured",
         description="the bundled model on this machine, step time fitted just now",
-        cost=CostModel(fixed_s=a, per_token_s=b, per_context_token_s=0.0,
+        cost=CostModel(fixed_s=a, per_token_s=b, per_context_token_s=c,
                        block_bytes=block_bytes, link=HOST_MEMCPY),
         num_gpu_blocks=args.kv_blocks, max_num_seqs=16, max_num_batched_tokens=256,
         transfer_budget_blocks=args.kv_blocks, lengths=LENGTHS, rates=tuple(args.rates),
         num_requests=args.num_requests, ttft_slo_s=50 * tbt, tbt_slo_s=tbt,
-        sources={"step_time": f"fitted on this machine: a={a * 1e3:.2f} ms, b={b * 1e6:.1f} us/token",
+        sources={"step_time": f"fitted on this machine: a={a * 1e3:.2f} ms, b={b * 1e6:.1f} "
+                              f"us/token, c={c * 1e9:.1f} ns/context token",
                  "slos": "S_B = 5 a, S_F = 50 S_B (the paper's ratios to its step time)"})
 
 
@@ -128,7 +137,10 @@ def run_engine(weights, args, policy: str, workload: list[RequestSpec], rng) -> 
                 r.first_token_time = t
             if out.finished:
                 r.finish_time = t
-    return list(measured.values())
+    sched = engine.scheduler
+    counts = {"preemptions": sched.num_preemptions, "rotations": sched.num_rotations,
+              "steps": engine.stats().num_steps}
+    return list(measured.values()), counts
 
 
 def score(requests, ttft_slo_s: float, tbt_slo_s: float) -> dict:
@@ -151,20 +163,22 @@ def run_real_experiment(args) -> tuple[dict, dict, dict]:
     folder = resolve_model_dir()
     weights = load_weights(folder)
     rng = np.random.default_rng(args.seed)
-    a, b = calibrate(weights, args, rng)
-    preset = preset_for(weights, args, a, b)
+    a, b, c = calibrate(weights, args, rng)
+    preset = preset_for(weights, args, a, b, c)
     config = preset.rotasched_config()
     print(f"calibrated on this machine ({args.executor}): step = {a * 1e3:.2f} ms + "
-          f"{b * 1e6:.1f} us/token; SLOs TTFT {config.ttft_slo_s * 1e3:.0f} ms, "
-          f"TPOT {config.tbt_slo_s * 1e3:.0f} ms", flush=True)
+          f"{b * 1e6:.1f} us/token + {c * 1e9:.1f} ns/context token; SLOs TTFT "
+          f"{config.ttft_slo_s * 1e3:.0f} ms, TPOT {config.tbt_slo_s * 1e3:.0f} ms", flush=True)
     raw, errors = {}, []
     for rate in args.rates:
         workload = poisson_workload(args.num_requests, rate, LENGTHS, args.seed)
         for policy in args.policies:
-            real = score(run_engine(weights, args, policy, workload, rng), config.ttft_slo_s,
-                         config.tbt_slo_s)
+            requests, counts = run_engine(weights, args, policy, workload, rng)
+            real = {**score(requests, config.ttft_slo_s, config.tbt_slo_s), **counts}
             sim_result = simulate(preset, make_policy(policy, config), workload)
-            sim = score(sim_result.requests, config.ttft_slo_s, config.tbt_slo_s)
+            sim = {**score(sim_result.requests, config.ttft_slo_s, config.tbt_slo_s),
+                   "preemptions": sum(r.num_preemptions for r in sim_result.requests),
+                   "steps": sim_result.steps}
             err = {k: relative_error(sim[k], real[k]) for k in ("median_ttft_ms", "median_tpot_ms")}
             errors += [e for e in err.values() if e is not None]
             raw.setdefault(policy, {})[str(rate)] = {"real": real, "sim": sim, "sim_rel_error": err}
@@ -172,7 +186,8 @@ def run_real_experiment(args) -> tuple[dict, dict, dict]:
                   f"TBT {real['tbt_attainment_pct']:5.1f}%  |  sim TTFT "
                   f"{sim['ttft_attainment_pct']:5.1f}% TBT {sim['tbt_attainment_pct']:5.1f}%  "
                   f"|  median TTFT/TPOT error {err['median_ttft_ms']:.0%} / "
-                  f"{err['median_tpot_ms']:.0%}", flush=True)
+                  f"{err['median_tpot_ms']:.0%}  |  preemptions real {real['preemptions']} "
+                  f"(rotations {real['rotations']}), sim {sim['preemptions']}", flush=True)
     summary = {"sim_vs_real_error": max(errors) if errors else None,
                "sim_vs_real_error_median": statistics.median(errors) if errors else None}
     if {"lvf", "fcfs"} <= set(args.policies):

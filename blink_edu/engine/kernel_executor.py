@@ -217,15 +217,14 @@ class EagerExecutor:
         """Every kernel of one step, in order, on ``self.stream``. ``probe(op)``, if given, is
         called before each launch with the op's name and once more with ``None`` at the end:
         profilers and chapters hook in there (see ``bench/decode.py``'s op breakdown)."""
-        cfg, v, st, eps = self.config, self.bucket_views(s_b, t_b), self.stream, np.float32(self.config.rms_norm_eps)
+        cfg, v, st = self.config, self.bucket_views(s_b, t_b), self.stream
         H, K = cfg.num_heads, cfg.num_kv_heads
         empty = self.final_norm[:0]
         probe = probe or (lambda op: None)
 
         def linear(op, x, rows, norm, w, b, out, accumulate):
             probe(op)
-            grid = grid_for(linear_work_items(rows.shape[0], w.shape[0]))
-            linear_kernel[grid, THREADS, st](x, rows, norm, eps, w, b, out, accumulate)
+            self.launch_linear(x, rows, norm, w, b, out, accumulate)
 
         probe("embed")
         embed_tokens_kernel[grid_for(t_b), THREADS, st](self.embed, v["token_ids"], v["x"])
@@ -236,9 +235,8 @@ class EagerExecutor:
                 v["qkv"], v["positions"], v["seq_rows"], v["block_tables"], self.cos, self.sin,
                 self.kv_pool, i, H, K)
             probe("attention")
-            paged_attention_kernel[grid_for(t_b * H), THREADS, st](
-                v["qkv"], v["positions"], v["seq_rows"], v["block_tables"], self.kv_pool, i, H, K,
-                v["attn"])
+            self.launch_attention(v["qkv"], v["positions"], v["seq_rows"], v["block_tables"], i,
+                                  v["attn"])
             linear("o_proj+residual", v["attn"], v["rows"], empty, lw.w_o, lw.b_o, v["x"], 1)
             linear("norm+gate_up", v["x"], v["rows"], lw.mlp_norm, lw.w_gate_up, lw.b_gate_up,
                    v["gate_up"], 0)
@@ -252,6 +250,20 @@ class EagerExecutor:
             v["logits"], v["temperature"], v["top_p"], v["top_k"], v["seeds"], v["counters"],
             v["tokens"])
         probe(None)
+
+    def launch_linear(self, x, rows, norm, w, b, out, accumulate) -> None:
+        """out (+)= rms_norm?(x[rows]) @ w.T + b (``kernels/linear.py``). A subclass may launch
+        another kernel here: the course labs plug a student's GEMV in this way."""
+        grid = grid_for(linear_work_items(rows.shape[0], w.shape[0]))
+        linear_kernel[grid, THREADS, self.stream](x, rows, norm, np.float32(self.config.rms_norm_eps),
+                                                  w, b, out, accumulate)
+
+    def launch_attention(self, qkv, positions, seq_rows, block_tables, layer, out) -> None:
+        """Paged attention of layer ``layer`` (``kernels/attention.py``); a subclass may launch
+        another kernel here (the course labs)."""
+        H, K = self.config.num_heads, self.config.num_kv_heads
+        paged_attention_kernel[grid_for(qkv.shape[0] * H), THREADS, self.stream](
+            qkv, positions, seq_rows, block_tables, self.kv_pool, layer, H, K, out)
 
     def run_bucket(self, s_b: int, t_b: int) -> None:
         self.copy_inputs(s_b, t_b)

@@ -53,7 +53,7 @@ def test_kernel_matches_numpy(rng):
     n = 13
     state, t_arr, t_run, t_last = random_requests(rng, n)
     config = random_config(rng)
-    t_now = float(rng.uniform(20, 40))
+    t_now = float(rng.uniform(30, 40))  # after every t_arr, t_run and t_last (<= 30)
     want = vlt_numpy(state, t_now, t_arr, t_run, t_last, config)
     got = vlt_on_device(state, t_now, t_arr, t_run, t_last, config)
     np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-12)

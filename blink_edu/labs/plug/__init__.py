@@ -1,0 +1,1 @@
+"""How each lab's functions plug into the real system (engine, ring, rotation, simulator)."""
