@@ -30,7 +30,7 @@ from ..engine.llm_engine import LLMEngine
 from ..kv.pool import block_nbytes
 from ..model.bundled import resolve_model_dir
 from ..model.weights import load_weights
-from ..sim.costs import BandwidthCurve, CostModel, fit_linear
+from ..sim.costs import BandwidthCurve, CostModel
 from ..sim.metrics import meets_tbt, meets_ttft, tpot, ttft
 from ..sim.presets import Preset
 from ..sim.simulator import simulate

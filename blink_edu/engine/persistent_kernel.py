@@ -42,7 +42,7 @@ guarantee with one claimer.
 
 from __future__ import annotations
 
-from numba import float32, int32, int64
+from numba import int32, int64
 
 from ..kernels.attention import paged_attention
 from ..kernels.elementwise import embed_tokens, swiglu

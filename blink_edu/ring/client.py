@@ -70,6 +70,24 @@ class RingClient:
             raise ValueError(f"slot {slot} is {state}; only a DECODE_COMPLETED slot can be "
                              f"released")
 
+    def collect(self, slots, timeout_s: float, poll_interval_s: float = 0.002) -> dict[int, tuple]:
+        """Poll until every slot in ``slots`` finished, releasing each as it does; returns
+        slot -> (tokens, finish reason). TimeoutError if some are still running after
+        ``timeout_s`` (those stay held: cancel them, or collect again)."""
+        done, deadline = {}, time.monotonic() + timeout_s
+        while len(done) < len(slots):
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"{len(slots) - len(done)} request(s) did not finish in "
+                                   f"{timeout_s} s")
+            for slot in slots:
+                if slot not in done:
+                    tokens, finished, reason = self.poll(slot, 0)
+                    if finished:
+                        done[slot] = (tokens, reason)
+                        self.release(slot)
+            time.sleep(poll_interval_s)
+        return done
+
     def occupancy(self) -> dict[str, int]:
         """How many slots are in each state, by state name."""
         counts = np.bincount(self.ring.state, minlength=len(STATE_NAMES))

@@ -10,10 +10,8 @@ request completes or is cancelled, and afterwards every slot is EMPTY and every 
 from __future__ import annotations
 
 import threading
-import time
 from contextlib import contextmanager
 
-import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -52,21 +50,6 @@ def running(weights, eos=()):
         executor.stop()
 
 
-def wait_all(client: RingClient, slots: list[int], deadline: float) -> dict[int, tuple]:
-    """Poll until every slot finished; returns slot -> (tokens, reason), each slot released."""
-    done = {}
-    while len(done) < len(slots):
-        assert time.monotonic() < deadline, "requests did not finish in time"
-        for slot in slots:
-            if slot not in done:
-                tokens, finished, reason = client.poll(slot, 0)
-                if finished:
-                    done[slot] = (tokens, reason)
-                    client.release(slot)
-        time.sleep(0.02)
-    return done
-
-
 def assert_all_free(ring: Ring, executor: PersistentExecutor):
     assert (ring.state == EMPTY).all()
     state = executor.scheduler_state
@@ -84,7 +67,7 @@ def test_greedy_and_seeded_tokens_equal_the_reference(weights, rng):
     expected = reference.generate(weights, prompts, params, block_size=CONFIG.block_size)
     with running(weights) as (ring, client, executor):
         slots = [client.submit(p, q, request_id=i) for i, (p, q) in enumerate(zip(prompts, params))]
-        done = wait_all(client, slots, time.monotonic() + TIMEOUT_S)
+        done = client.collect(slots, TIMEOUT_S)
         assert [done[s] for s in slots] == [(e, "length") for e in expected]
         assert executor.stats()["claimed"] == 3
         assert_all_free(ring, executor)
@@ -99,7 +82,7 @@ def test_stop_rules_and_a_bad_payload(weights, rng):
         good = client.submit(prompt, SamplingParams(temperature=0, max_tokens=6, ignore_eos=True,
                                                     stop_token_ids=(stop_at,)), request_id=0)
         bad = client.submit([1, 999, 3], SamplingParams(max_tokens=2), request_id=1)  # 999: no token
-        done = wait_all(client, [good, bad], time.monotonic() + TIMEOUT_S)
+        done = client.collect([good, bad], TIMEOUT_S)
         cut = free_run.index(stop_at) + 1
         assert done[good] == (free_run[:cut], "stop")
         assert done[bad] == ([], "error")
@@ -115,15 +98,13 @@ def test_frontend_threads_submit_and_cancel(weights, data):
              for _ in range(2)] for _ in range(n_threads)]
     results: dict[tuple[int, int], tuple] = {}
     with running(weights) as (ring, client, executor):
-        deadline = time.monotonic() + TIMEOUT_S
-
         def frontend(t):
             for j, (prompt, max_tokens, cancel) in enumerate(jobs[t]):
                 slot = client.submit(prompt, SamplingParams(temperature=0, max_tokens=max_tokens,
                                                             ignore_eos=True), request_id=t * 10 + j)
                 if cancel:
                     client.cancel(slot)
-                results[(t, j)] = wait_all(client, [slot], deadline)[slot]
+                results[(t, j)] = client.collect([slot], TIMEOUT_S)[slot]
 
         threads = [threading.Thread(target=frontend, args=(t,)) for t in range(n_threads)]
         for th in threads:

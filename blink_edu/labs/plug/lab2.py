@@ -63,23 +63,6 @@ def new_lab_ring(layout: RingLayout = LAYOUT) -> LabRing:
     return LabRing(bytearray(layout.nbytes), layout)
 
 
-def wait_for(client: RingClient, slots: list[int], timeout_s: float) -> dict[int, tuple]:
-    """Poll until every slot finished; slot -> (tokens, reason); each slot is released."""
-    done, deadline = {}, time.monotonic() + timeout_s
-    while len(done) < len(slots):
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"{len(slots) - len(done)} request(s) did not finish in "
-                               f"{timeout_s} s")
-        for slot in slots:
-            if slot not in done:
-                tokens, finished, reason = client.poll(slot, 0)
-                if finished:
-                    done[slot] = (tokens, reason)
-                    client.release(slot)
-        time.sleep(0.002)
-    return done
-
-
 def serve_through_ring_loop(weights, prompts, params: SamplingParams, timeout_s: float = 60,
                             n_frontends: int = 2) -> tuple[list[list[int]], LabRing]:
     """Serve ``prompts`` through a ``LabRing``: frontend threads submit and poll with
@@ -98,7 +81,7 @@ def serve_through_ring_loop(weights, prompts, params: SamplingParams, timeout_s:
             client = RingClient(ring)
             for i in mine:
                 slot = client.submit(prompts[i], params, request_id=i)
-                results[i] = wait_for(client, [slot], timeout_s)[slot][0]
+                results[i] = client.collect([slot], timeout_s)[slot][0]
         except BaseException as err:  # noqa: BLE001 - re-raised below
             errors.append(err)
 
@@ -238,7 +221,7 @@ def serve_with_polling_kernel(requests: list[tuple[list[int], int]], n_frontends
                 prompt, max_tokens = requests[i]
                 slot = client.submit(prompt, SamplingParams(max_tokens=max_tokens), request_id=i)
                 submitted[slot] += 1
-                results[i] = wait_for(client, [slot], timeout_s)[slot][0]
+                results[i] = client.collect([slot], timeout_s)[slot][0]
         except BaseException as err:  # noqa: BLE001
             errors.append(err)
 
