@@ -115,7 +115,10 @@ def _pts(v) -> str:
 
 
 def parse_rates(text: str) -> list[float]:
-    return [float(x) for x in text.split(",") if x.strip()]
+    rates = [float(x) for x in text.split(",") if x.strip()]
+    if not rates or min(rates) <= 0:
+        raise argparse.ArgumentTypeError(f"rates must be positive requests/s, got {text!r}")
+    return rates
 
 
 def parse_args(argv=None) -> argparse.Namespace:

@@ -47,7 +47,11 @@ def main(argv=None) -> int:
     if args.command == "handout":
         from .handout import build_handout
 
-        summary = build_handout(args.out_dir, force=args.force)
+        try:
+            summary = build_handout(args.out_dir, force=args.force)
+        except (ValueError, FileExistsError) as err:
+            print(f"error: {err}", file=sys.stderr)
+            return 2
         print(summary)
         return 0
     return 2

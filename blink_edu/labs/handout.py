@@ -87,13 +87,17 @@ def build_handout(out_dir, repo: Path = REPO, force: bool = False) -> str:
     """Write the handout into ``out_dir``; returns a one-paragraph summary. Raises if the scan
     finds solution code in it."""
     out = Path(out_dir).resolve()
+    # Checked before anything is removed: --force must never delete the repository or a file.
+    if (out.is_relative_to(repo) and not out.is_relative_to(repo / "notebooks/labs/handout")
+            or repo.is_relative_to(out)):
+        raise ValueError(f"write the handout outside the repository (or under "
+                         f"notebooks/labs/handout/), not into {out}")
     if out.exists():
+        if not out.is_dir():
+            raise ValueError(f"{out} is a file, not a folder for the handout")
         if not force and any(out.iterdir()):
             raise FileExistsError(f"{out} exists and is not empty (use --force to replace it)")
         shutil.rmtree(out)
-    if out.is_relative_to(repo) and not out.is_relative_to(repo / "notebooks/labs/handout"):
-        raise ValueError(f"write the handout outside the repository (or under "
-                         f"notebooks/labs/handout/), not into {out}")
     copied = stripped = 0
     for rel in repo_files(repo):
         if is_instructor_only(rel) or (repo / rel).resolve().is_relative_to(out):

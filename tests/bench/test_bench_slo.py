@@ -58,3 +58,11 @@ def test_unknown_policy_is_refused(capsys):
     with pytest.raises(SystemExit):
         slo.main(["--sim", "--policies", "lvf,nope"])
     assert "unknown policy" in capsys.readouterr().err
+
+
+def test_non_positive_rates_are_refused(capsys):
+    import pytest
+
+    with pytest.raises(SystemExit):
+        slo.main(["--sim", "--rates", "2,0"])
+    assert "rates must be positive" in capsys.readouterr().err

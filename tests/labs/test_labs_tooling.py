@@ -53,3 +53,16 @@ def test_every_test_has_a_hint():
         names |= {n.name for n in ast.parse(path.read_text()).body
                   if isinstance(n, ast.FunctionDef) and n.name.startswith("test_")}
     assert names - set(grading.HINTS) == set()
+
+
+def test_handout_refuses_to_replace_the_repository_or_a_file(tmp_path, capsys):
+    """--force replaces a folder, never the repository, a folder holding it, or a file."""
+    from blink_edu.labs.__main__ import main
+    from blink_edu.labs.handout import REPO
+
+    a_file = tmp_path / "notes.txt"
+    a_file.write_text("keep me")
+    for target in (REPO, REPO.parent, REPO / "blink_edu", a_file):
+        assert main(["handout", str(target), "--force"]) == 2
+        assert "error:" in capsys.readouterr().err
+    assert a_file.read_text() == "keep me" and (REPO / "README.md").is_file()
