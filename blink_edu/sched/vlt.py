@@ -23,21 +23,21 @@ ONE formula, three forms:
                     kernel to call; ``vlt_kernel`` is a thin grid-stride kernel over all requests
                     (arrays in, arrays out), and ``vlt_now_kernel`` does the same at the GPU's own
                     clock.
-* ``device_clock_ns`` — the GPU clock read: PTX ``mov.u64 %0, %globaltimer;`` through an
-                    ``@intrinsic`` on a GPU; ``time.monotonic_ns()`` in Numba's simulator. Which
-                    one is decided by ``blink_edu.backend`` (never by testing for a GPU here).
+* the clock is ``kernels/sync.py``'s ``globaltimer_ns`` — PTX ``%globaltimer`` through an
+                    ``@intrinsic`` on a GPU, ``time.monotonic_ns()`` in Numba's simulator (the
+                    persistent scheduler kernel stamps its tokens with the same one).
 
 Times are seconds (float64) everywhere except the raw clock, which is integer nanoseconds.
 """
 
 from __future__ import annotations
 
-import time
 from dataclasses import asdict, dataclass
 
 import numpy as np
 
 from ..backend import get_backend
+from ..kernels.sync import globaltimer_ns, read_globaltimer
 
 # Request states as small integers, so that a kernel can read them from an int array.
 WAITING, RUNNING, ROTARY = 0, 1, 2
@@ -102,39 +102,6 @@ _backend = get_backend()
 cuda = _backend.cuda
 
 
-def _device_clock_ns_sim():
-    """Simulator form of the GPU clock: the host's monotonic clock in nanoseconds."""
-    return time.monotonic_ns()
-
-
-def _make_globaltimer():
-    """GPU form: read the 64-bit ``%globaltimer`` register (nanoseconds) with inline PTX."""
-    from llvmlite import ir
-    from numba.core import types
-    from numba.cuda.extending import intrinsic
-
-    @intrinsic
-    def globaltimer(typingctx):
-        def codegen(context, builder, signature, args):
-            read = ir.InlineAsm(ir.FunctionType(ir.IntType(64), []),
-                                "mov.u64 $0, %globaltimer;", "=l", side_effect=True)
-            return builder.call(read, [])
-
-        return types.int64(), codegen  # same 64 bits; signed so that clock - origin stays integer
-
-    return globaltimer
-
-
-if _backend.is_simulator:
-    device_clock_ns = cuda.jit(device=True)(_device_clock_ns_sim)
-else:  # pragma: no cover - needs a GPU (tests marked gpu)
-    _globaltimer = _make_globaltimer()
-
-    @cuda.jit(device=True)
-    def device_clock_ns():
-        return _globaltimer()
-
-
 @cuda.jit(device=True)
 def vlt_of(state, t_now, t_arr, t_run, t_last, alpha, beta_f, ttft_slo_s, beta_b, tbt_slo_s):
     """VLT of one request (seconds); the same formula as ``vlt_numpy``."""
@@ -164,17 +131,10 @@ def vlt_now_kernel(state, t_arr, t_run, t_last, clock_origin_ns, alpha, beta_f, 
     read by each thread and written to ``t_now_out[i]`` (N,) so that callers can check it."""
     start = cuda.grid(1)
     for i in range(start, state.shape[0], cuda.gridsize(1)):
-        t_now = (device_clock_ns() - clock_origin_ns) * 1e-9
+        t_now = (globaltimer_ns() - clock_origin_ns) * 1e-9
         t_now_out[i] = t_now
         out[i] = vlt_of(state[i], t_now, t_arr[i], t_run[i], t_last[i],
                         alpha, beta_f, ttft_slo_s, beta_b, tbt_slo_s)
-
-
-@cuda.jit
-def clock_kernel(out):
-    """out[0] = the device clock in nanoseconds (a one-thread probe for tests and calibration)."""
-    if cuda.grid(1) == 0:
-        out[0] = device_clock_ns()
 
 
 def _launch_shape(n: int) -> tuple[int, int]:
@@ -221,7 +181,7 @@ def vlt_on_device_now(state, t_arr, t_run, t_last, clock_origin_ns: int,
 
 
 def read_device_clock_ns() -> int:
-    """One read of the device clock from the host (launches ``clock_kernel``)."""
+    """One read of the device clock from the host (launches ``read_globaltimer``)."""
     out = np.zeros(1, dtype=np.int64)
-    clock_kernel[1, 1](out)
+    read_globaltimer[1, 1](out)
     return int(out[0])
