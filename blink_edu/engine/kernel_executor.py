@@ -93,6 +93,18 @@ def _cat(*arrays):
     return None if arrays[0] is None else np.concatenate(arrays, axis=0)
 
 
+MATRICES = ("w_qkv", "w_o", "w_gate_up", "w_down")  # in the kernels' weight dtype; the rest f32
+
+
+def fused_layer(lw) -> dict:
+    """One layer's host arrays in the kernels' fused layouts (``DeviceLayer``'s fields; an absent
+    bias is None). Every executor uploads these: the single definition of the layouts."""
+    return dict(attn_norm=lw.attn_norm, w_qkv=_cat(lw.wq, lw.wk, lw.wv),
+                b_qkv=_cat(lw.bq, lw.bk, lw.bv), w_o=lw.wo, b_o=lw.bo, mlp_norm=lw.mlp_norm,
+                w_gate_up=_cat(lw.w_gate, lw.w_up), b_gate_up=_cat(lw.b_gate, lw.b_up),
+                w_down=lw.w_down, b_down=lw.b_down)
+
+
 def upload_weights(weights: ModelWeights, weight_dtype=np.float32):
     """Weights on the device, in the fused layouts; norms and biases stay float32."""
     def mat(a):
@@ -101,12 +113,8 @@ def upload_weights(weights: ModelWeights, weight_dtype=np.float32):
     def vec(a):
         return _empty() if a is None else cuda.to_device(np.ascontiguousarray(a, np.float32))
 
-    layers = [DeviceLayer(
-        attn_norm=vec(lw.attn_norm), w_qkv=mat(_cat(lw.wq, lw.wk, lw.wv)),
-        b_qkv=vec(_cat(lw.bq, lw.bk, lw.bv)), w_o=mat(lw.wo), b_o=vec(lw.bo),
-        mlp_norm=vec(lw.mlp_norm), w_gate_up=mat(_cat(lw.w_gate, lw.w_up)),
-        b_gate_up=vec(_cat(lw.b_gate, lw.b_up)), w_down=mat(lw.w_down), b_down=vec(lw.b_down),
-    ) for lw in weights.layers]
+    layers = [DeviceLayer(**{name: mat(a) if name in MATRICES else vec(a)
+                             for name, a in fused_layer(lw).items()}) for lw in weights.layers]
     embed = mat(weights.embed)
     lm_head = embed if weights.lm_head is weights.embed else mat(weights.lm_head)
     return embed, layers, vec(weights.final_norm), lm_head

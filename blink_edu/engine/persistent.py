@@ -36,6 +36,7 @@ from ..model.weights import ModelWeights
 from ..ring.layout import Ring
 from ..ring.placement import host_words, map_ring_for_gpu
 from . import persistent_kernel as pk
+from .kernel_executor import MATRICES, fused_layer
 
 RING_FIELDS = ("state", "doorbell", "arrival_ns", "claim_ns", "first_token_ns", "last_token_ns",
                "prompt_len", "max_tokens", "top_k", "seed", "temperature", "top_p", "stop_ids",
@@ -44,28 +45,20 @@ RING_FIELDS = ("state", "doorbell", "arrival_ns", "claim_ns", "first_token_ns", 
 
 
 def stacked_weights(weights: ModelWeights, weight_dtype) -> dict[str, object]:
-    """Device arrays with a leading layer axis: w_qkv (L, (H + 2K) E, D), ..., norms (L, D);
-    absent biases become (L, 0)."""
-    def stack(get, dtype=np.float32):
-        parts = [get(lw) for lw in weights.layers]
+    """Device arrays with a leading layer axis, in the eager executor's fused layouts
+    (``fused_layer``): w_qkv (L, (H + 2K) E, D), ..., norms (L, D); absent biases (L, 0)."""
+    layers = [fused_layer(lw) for lw in weights.layers]
+    out = {}
+    for name in layers[0]:
+        parts = [layer[name] for layer in layers]
         if parts[0] is None:
-            return cuda.to_device(np.zeros((len(parts), 0), np.float32))
-        return cuda.to_device(np.ascontiguousarray(np.stack(parts), dtype=dtype))
-
-    def cat(*names):
-        return lambda lw: (None if getattr(lw, names[0]) is None
-                           else np.concatenate([getattr(lw, n) for n in names]))
-
-    w = weight_dtype
-    out = dict(
-        attn_norm=stack(lambda lw: lw.attn_norm), w_qkv=stack(cat("wq", "wk", "wv"), w),
-        b_qkv=stack(cat("bq", "bk", "bv")), w_o=stack(lambda lw: lw.wo, w),
-        b_o=stack(lambda lw: lw.bo), mlp_norm=stack(lambda lw: lw.mlp_norm),
-        w_gate_up=stack(cat("w_gate", "w_up"), w), b_gate_up=stack(cat("b_gate", "b_up")),
-        w_down=stack(lambda lw: lw.w_down, w), b_down=stack(lambda lw: lw.b_down))
-    out["embed"] = cuda.to_device(np.ascontiguousarray(weights.embed, w))
+            out[name] = cuda.to_device(np.zeros((len(parts), 0), np.float32))
+        else:
+            dtype = weight_dtype if name in MATRICES else np.float32
+            out[name] = cuda.to_device(np.ascontiguousarray(np.stack(parts), dtype=dtype))
+    out["embed"] = cuda.to_device(np.ascontiguousarray(weights.embed, weight_dtype))
     out["lm_head"] = (out["embed"] if weights.lm_head is weights.embed
-                      else cuda.to_device(np.ascontiguousarray(weights.lm_head, w)))
+                      else cuda.to_device(np.ascontiguousarray(weights.lm_head, weight_dtype)))
     out["final_norm"] = cuda.to_device(np.ascontiguousarray(weights.final_norm, np.float32))
     return out
 
