@@ -303,6 +303,45 @@ class Bench:
                  else row["error"]), flush=True)
         return row
 
+    # --- the link itself: one way and both ways, over 1..k streams per direction --------------
+    def raw_link(self, directions: tuple[int, ...], streams_per_direction: int,
+                 chunk: int = 64 * MiB) -> float:
+        """Wall seconds to move ``move_bytes`` each way in ``directions`` as plain contiguous
+        copies of ``chunk`` bytes, dealt round-robin over ``streams_per_direction`` streams per
+        direction: the link's own ceiling, with no layout kernel and no scattered blocks."""
+        half = self.pool.nbytes // 2
+        dev = self.pool.reshape(-1).view(np.uint8)
+        host = self.host.blocks.reshape(-1).view(np.uint8)
+        issues, streams = [], []
+        for direction in directions:
+            base = 0 if direction == COPY_OUT else half  # the two ways never touch the same bytes
+            lanes = [self.link.stream() for _ in range(streams_per_direction)]
+            plans = [[] for _ in lanes]
+            for i, start in enumerate(range(0, self.move_bytes, chunk)):
+                n = min(chunk, self.move_bytes - start)
+                plans[i % len(lanes)].append((base + start, base + start, n))
+            for lane, copies in zip(lanes, plans):
+                issues.append(self.link.plan(host, dev, copies, lane) if direction == COPY_OUT
+                              else self.link.plan(dev, host, copies, lane))
+            streams += lanes
+
+        def issue():  # interleaved: every stream gets its first copy before any gets a second
+            for f in issues:
+                f()
+
+        return self.wall_seconds(issue, streams)
+
+    def link_rows(self, stream_counts=(1, 2, 4)) -> list[dict]:
+        rows = []
+        for k in stream_counts:
+            for directions, label in (((COPY_OUT,), "out (D2H)"), ((COPY_IN,), "in (H2D)"),
+                                      ((COPY_OUT, COPY_IN), "both at once")):
+                row = self._row(f"raw_x{k}", label, lambda: self.raw_link(directions, k),
+                                len(directions) * self.move_bytes, 1)
+                row["streams_per_direction"] = k
+                rows.append(row)
+        return rows
+
     # --- bandwidth against copy size ----------------------------------------------------------
     def size_sweep(self, sizes: list[int]) -> list[dict]:
         """One copy of each size, repeated back to back (enough to time), each way."""
@@ -375,8 +414,11 @@ def _ratio(a, b):
     return a / b if a is not None and b else None
 
 
-def summarize(ladder: list[dict], sweep: list[dict], rotations: list[dict]) -> dict:
+def summarize(ladder: list[dict], sweep: list[dict], rotations: list[dict],
+              link_rows: list[dict] = ()) -> dict:
     out, into = "out (D2H)", "in (H2D)"
+    raw_both = max((r["gbps"] for r in link_rows if r["direction"] == "both at once" and "gbps" in r),
+                   default=None)
     peak_out, peak_in = _best(sweep, out), _best(sweep, into)
     gbps = {(r["variant"], r["direction"]): r.get("gbps") for r in ladder}
     seconds = {(r["variant"], r["direction"]): r.get("seconds") for r in ladder}
@@ -389,6 +431,8 @@ def summarize(ladder: list[dict], sweep: list[dict], rotations: list[dict]) -> d
         "batched_gbps": gbps.get(("batched", out)), "batched_in_gbps": gbps.get(("batched", into)),
         "duplex_total_gbps": gbps.get(("duplex", "both at once")),
         "link_peak_gbps": peak_out, "link_peak_in_gbps": peak_in,
+        # the most both directions at once ever moved here, as plain copies (the duplex ceiling)
+        "link_duplex_peak_gbps": raw_both, "link_duplex_over_one_way_peak": _ratio(raw_both, peak_out),
         "batched_fraction_of_peak": _ratio(gbps.get(("batched", out)), peak_out),
         "duplex_over_batched": _ratio(gbps.get(("duplex", "both at once")), gbps.get(("batched", out))),
         "naive_over_duplex_time": _ratio(naive_both, seconds.get(("duplex", "both at once"))),
@@ -445,11 +489,13 @@ def main(argv=None) -> int:
     bench = Bench(link, g, num_blocks, move_blocks, args.repeats, args.budget_s)
     print("ladder:", flush=True)
     ladder = bench.ladder()
+    print("the link, raw copies over 1, 2 and 4 streams a way:", flush=True)
+    link_rows = bench.link_rows()
     print("bandwidth against copy size:", flush=True)
     sweep = bench.size_sweep(sizes)
     print("rotate-out of a long request:", flush=True)
     rotations = [bench.rotate_out(rotate_tokens, eager) for eager in (True, False)]
-    summary = summarize(ladder, sweep, rotations)
+    summary = summarize(ladder, sweep, rotations, link_rows)
     peak = summary["link_peak_gbps"]
     for row in ladder:
         row["fraction_of_peak"] = _ratio(row.get("gbps"), peak * (2 if row["variant"] == "duplex" else 1)
@@ -460,6 +506,7 @@ def main(argv=None) -> int:
     print_table(sweep, ["size", "direction", "gbps", "seconds", "error"])
     print()
     for key in ("naive_gbps", "batched_gbps", "duplex_total_gbps", "link_peak_gbps",
+                "link_duplex_peak_gbps", "link_duplex_over_one_way_peak",
                 "batched_fraction_of_peak", "duplex_over_batched", "naive_over_duplex_time",
                 "rotate_out_ms_eager", "rotate_out_ms_no_eager", "rotate_out_blocks_eager",
                 "rotate_out_blocks_no_eager"):
@@ -472,7 +519,9 @@ def main(argv=None) -> int:
               "staging_bytes": getattr(bench.transport, "staging_blocks", 0) * g.block_bytes,
               "rotate_tokens": rotate_tokens, "link": link.name,
               "wall_seconds": time.monotonic() - started}
-    path = write_results("kv_transfer", config, {"ladder": ladder, "size_sweep": sweep,
+    print_table(link_rows, ["variant", "direction", "gbps", "seconds", "error"])
+    print()
+    path = write_results("kv_transfer", config, {"ladder": ladder, "link": link_rows, "size_sweep": sweep,
                                                  "rotate_out": rotations}, summary)
     print(f"wrote {path} ({time.monotonic() - started:.1f} s)", flush=True)
     return 0

@@ -73,13 +73,17 @@ class HostLoop:
 
 
 class Persistent:
-    def __init__(self, weights, engine_config, ring, eos, cpus):
+    """The persistent kernel; ``name`` "persistent" (one block per SM) or "persistent@N" (N blocks)."""
+
+    def __init__(self, name, weights, engine_config, ring, eos):
         from ..engine.persistent import PersistentExecutor
         from ..engine.llm_engine import kernel_weight_dtype
 
-        self.name = "persistent"
+        self.name = name
+        grid_blocks = int(name.split("@")[1]) if "@" in name else None
         self.executor = PersistentExecutor(weights, engine_config, ring, eos_token_ids=eos,
-                                           weight_dtype=kernel_weight_dtype(weights, engine_config))
+                                           weight_dtype=kernel_weight_dtype(weights, engine_config),
+                                           grid_blocks=grid_blocks)
 
     def start(self):
         self.executor.start()
@@ -114,6 +118,14 @@ def run_batch(client: RingClient, batch: int, prompt_len: int, max_tokens: int, 
                 pending.discard(slot)
         time.sleep(20e-6)
     return rows
+
+
+def phase_split(before: dict, after: dict) -> dict:
+    """Mean GPU microseconds per model step in each phase of the kernel's loop, between two
+    ``PersistentExecutor.stats()`` readings (A+B schedule, C forward, D publish)."""
+    steps = after["steps"] - before["steps"]
+    return {f"{phase}_us_per_step": (after[f"{phase}_ns"] - before[f"{phase}_ns"]) / 1e3 / steps
+            for phase in ("schedule", "forward", "publish")} if steps > 0 else {}
 
 
 def summarize(rows: list[dict]) -> dict:
@@ -265,6 +277,29 @@ def count_pending_kernel(state, repeats, found):
         cuda.atomic.add(found, 0, n)
 
 
+@cuda.jit
+def barrier_loop_kernel(n):
+    """``n`` grid barriers back to back (the persistent kernel's only cost besides its ops)."""
+    for _ in range(n):
+        cuda.cg.this_grid().sync()
+
+
+def grid_barrier_costs(grids: list[int], n: int = 20000) -> dict:
+    """Microseconds per grid barrier for cooperative grids of ``grids`` blocks of THREADS."""
+    import cupy
+
+    out = {}
+    for blocks in grids:
+        barrier_loop_kernel[blocks, THREADS](1)  # compile, warm up
+        start, end = cupy.cuda.Event(), cupy.cuda.Event()
+        start.record()
+        barrier_loop_kernel[blocks, THREADS](n)
+        end.record()
+        end.synchronize()
+        out[str(blocks)] = cupy.cuda.get_elapsed_time(start, end) * 1e3 / n
+    return out
+
+
 # --- the headline figures ----------------------------------------------------------------------
 def summary_of(results: dict) -> dict:
     """The summary the issue asks for, from the raw results (JSON keys: batch sizes as strings
@@ -316,7 +351,9 @@ def main(argv=None) -> int:
     parser.add_argument("--prompt-len", type=int, default=16)
     parser.add_argument("--max-tokens", type=int, default=32)
     parser.add_argument("--executors", default="eager,graph,persistent")
-    parser.add_argument("--hog-seconds", type=float, default=60)
+    parser.add_argument("--hog-seconds", type=float, default=60, help="0: no CPU-hog runs")
+    parser.add_argument("--barrier-grids", default="",
+                        help="e.g. 16,33,66,132: time one grid barrier at these grid sizes")
     parser.add_argument("--skip-sigstop", action="store_true")
     parser.add_argument("--out", default=None)
     args = parser.parse_args(argv)
@@ -336,8 +373,8 @@ def main(argv=None) -> int:
     for name in args.executors.split(","):
         ring = Ring(bytearray(LAYOUT.nbytes), LAYOUT)
         client = RingClient(ring)
-        cls = Persistent if name == "persistent" else HostLoop
-        runner = (cls(weights, engine_config, ring, eos, set(other_cpus)) if cls is Persistent
+        persistent = name.startswith("persistent")
+        runner = (Persistent(name, weights, engine_config, ring, eos) if persistent
                   else HostLoop(name, weights, replace(engine_config, executor=name), ring, eos,
                                 set(other_cpus)))
         runner.start()
@@ -345,15 +382,20 @@ def main(argv=None) -> int:
         try:
             for b in batches:
                 run_batch(client, b, args.prompt_len, args.max_tokens, rng)  # warm-up / capture
+                before = runner.executor.stats() if persistent else None
                 entry["quiet"][b] = summarize(run_batch(client, b, args.prompt_len, args.max_tokens, rng))
-                print(f"  {name:10s} B={b:3d} quiet  {entry['quiet'][b]}", flush=True)
+                if persistent:
+                    entry["quiet"][b].update(phase_split(before, runner.executor.stats()),
+                                             grid_blocks=runner.executor.grid_blocks)
+                print(f"  {name:14s} B={b:3d} quiet  {entry['quiet'][b]}", flush=True)
             if name == "persistent":
                 entry["scan_claim"] = scan_and_claim(runner.executor, client, rng)
                 print(f"  persistent scan/claim {entry['scan_claim']}", flush=True)
-            with CpuHog(other_cpus, args.hog_seconds):
-                for b in batches:
-                    entry["hog"][b] = summarize(run_batch(client, b, args.prompt_len, args.max_tokens, rng))
-                    print(f"  {name:10s} B={b:3d} hog    {entry['hog'][b]}", flush=True)
+            if args.hog_seconds > 0:
+                with CpuHog(other_cpus, args.hog_seconds):
+                    for b in batches:
+                        entry["hog"][b] = summarize(run_batch(client, b, args.prompt_len, args.max_tokens, rng))
+                        print(f"  {name:14s} B={b:3d} hog    {entry['hog'][b]}", flush=True)
         finally:
             runner.stop()
         if name == "persistent":  # after the kernel: nothing else may run beside it on the GPU
@@ -362,12 +404,19 @@ def main(argv=None) -> int:
         for b in batches:
             q, h = entry["quiet"][b], entry["hog"].get(b)
             table.append(dict(executor=name, batch=b, ttft_us=q["ttft_us"], tpot_us=q["tpot_us"],
+                              forward_us=q.get("forward_us_per_step"),
+                              sched_us=q.get("schedule_us_per_step"),
+                              publish_us=q.get("publish_us_per_step"),
                               hog_tpot_us=h and h["tpot_us"],
                               inflation=h and h["tpot_us"] / q["tpot_us"]))
         results[name] = entry
     results["persistent_device_graph"] = {"status": "not implemented (see issue 5 notes)"}
     print()
-    print_table(table, ["executor", "batch", "ttft_us", "tpot_us", "hog_tpot_us", "inflation"])
+    print_table(table, ["executor", "batch", "ttft_us", "tpot_us", "sched_us", "forward_us",
+                        "publish_us", "hog_tpot_us", "inflation"])
+    if args.barrier_grids:
+        results["grid_barrier"] = grid_barrier_costs([int(g) for g in args.barrier_grids.split(",")])
+        print("grid barrier, µs each:", results["grid_barrier"], flush=True)
     if not args.skip_sigstop:
         results["sigstop"] = sigstop_demo(folder, EngineConfig(
             executor="persistent", block_size=16, num_kv_blocks=256, max_num_seqs=16,

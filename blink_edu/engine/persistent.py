@@ -214,4 +214,5 @@ class PersistentExecutor:
         return dict(steps=int(c[pk.C_STEPS]), heartbeat=int(c[pk.C_HEARTBEAT]),
                     claimed=int(c[pk.C_CLAIMED]), last_scan_ns=int(c[pk.C_SCAN_NS]),
                     scans=int(c[pk.C_SCANS]), running=int(c[pk.C_RUNNING]),
-                    free_blocks=int(c[pk.C_FREE_BLOCKS]))
+                    free_blocks=int(c[pk.C_FREE_BLOCKS]), schedule_ns=int(c[pk.C_SCHEDULE_NS]),
+                    forward_ns=int(c[pk.C_FORWARD_NS]), publish_ns=int(c[pk.C_PUBLISH_NS]))

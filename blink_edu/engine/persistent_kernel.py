@@ -61,11 +61,14 @@ L_SLOT, L_CACHED, L_LEN, L_PROMPT, L_ORDER, L_GEN, L_SCHED, L_SAMPLE_ROW, L_SEED
 NUM_LANE_FIELDS = 9
 # sched[word]: the kernel's own bookkeeping, in device memory
 (S_STOP, S_TOKENS, S_ROWS, S_DOORBELL_SEEN, S_DOORBELL_NOW, S_ADMITTED, S_CANDIDATES,
- S_SCAN_START, S_STEPS, S_SCAN_NS, S_SCANS, S_IDLE, S_CLOCK_OFFSET) = range(13)
-NUM_SCHED_WORDS = 13
-# control[word]: shared with the host (mapped memory)
-C_STOP, C_STEPS, C_HEARTBEAT, C_SCAN_NS, C_SCANS, C_CLAIMED, C_RUNNING, C_FREE_BLOCKS = range(8)
-NUM_CONTROL_WORDS = 8
+ S_SCAN_START, S_STEPS, S_SCAN_NS, S_SCANS, S_IDLE, S_CLOCK_OFFSET, S_STEP_START,
+ S_FORWARD_START) = range(15)
+NUM_SCHED_WORDS = 15
+# control[word]: shared with the host (mapped memory). The *_NS words are cumulative GPU time of
+# the phases of every step that ran the model: A+B (scan, schedule and their barriers), C, D.
+(C_STOP, C_STEPS, C_HEARTBEAT, C_SCAN_NS, C_SCANS, C_CLAIMED, C_RUNNING, C_FREE_BLOCKS,
+ C_SCHEDULE_NS, C_FORWARD_NS, C_PUBLISH_NS) = range(11)
+NUM_CONTROL_WORDS = 11
 CANDIDATES_SHAPE = (MAX_CANDIDATES,)
 IDLE_SLEEP_NS = 2000
 
@@ -382,6 +385,12 @@ def stop_reason(token, n_generated, n_tokens, slot, max_tokens, stop_ids, ignore
     return 0
 
 
+@cuda.jit(device=True)
+def add_phase_time(control, word, ns):
+    """Thread 0 of block 0: add one step's phase time to a cumulative control word."""
+    store_release(control, word, control[word] + ns)
+
+
 # --- the kernel ---------------------------------------------------------------------------------
 @cuda.jit
 def persistent_scheduler_kernel(
@@ -407,6 +416,7 @@ def persistent_scheduler_kernel(
         # A: scan (every block), from one snapshot of the doorbell. A frontend makes its slot
         # PENDING before it rings, so every slot rung for up to the snapshot is seen by the scan.
         if leader and tid == 0:
+            sched[S_STEP_START] = globaltimer_ns()
             sched[S_DOORBELL_NOW] = load_acquire(doorbell, 0)
         grid_sync()
         if leader and tid == 0:
@@ -449,6 +459,8 @@ def persistent_scheduler_kernel(
                 pause_ns(IDLE_SLEEP_NS)
             continue
         # C: forward (every block)
+        if leader and tid == 0:
+            sched[S_FORWARD_START] = globaltimer_ns()
         forward(T, R, embed, attn_norm, w_qkv, b_qkv, w_o, b_o, mlp_norm, w_gate_up,
                 b_gate_up, w_down, b_down, final_norm, lm_head, no_norm, eps, cos, sin, kv_pool,
                 num_heads, num_kv_heads, x, qkv, attn, gate_up, act, logits, all_rows, token_ids,
@@ -457,6 +469,7 @@ def persistent_scheduler_kernel(
         grid_sync()
         # D: publish (block 0)
         if leader:
+            publish_start = globaltimer_ns()
             publish(lanes, tokens, row_lane, R, state, output_tokens, generated, first_token_ns,
                     last_token_ns, finish_reason, max_tokens, stop_ids, ignore_eos, eos_ids,
                     block_tables, free_blocks, free_top, max_model_len,
@@ -472,3 +485,6 @@ def persistent_scheduler_kernel(
                 store_release(control, C_STEPS, sched[S_STEPS])
                 store_release(control, C_SCAN_NS, sched[S_SCAN_NS])
                 store_release(control, C_SCANS, sched[S_SCANS])
+                add_phase_time(control, C_SCHEDULE_NS, sched[S_FORWARD_START] - sched[S_STEP_START])
+                add_phase_time(control, C_FORWARD_NS, publish_start - sched[S_FORWARD_START])
+                add_phase_time(control, C_PUBLISH_NS, globaltimer_ns() - publish_start)
