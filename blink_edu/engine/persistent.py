@@ -38,7 +38,7 @@ from ..ring.placement import host_words, map_ring_for_gpu
 from . import persistent_kernel as pk
 from .kernel_executor import MATRICES, fused_layer
 
-RING_FIELDS = ("state", "doorbell", "arrival_ns", "claim_ns", "first_token_ns", "last_token_ns",
+RING_FIELDS = ("state", "doorbell", "engine_heartbeat", "arrival_ns", "claim_ns", "first_token_ns", "last_token_ns",
                "prompt_len", "max_tokens", "top_k", "seed", "temperature", "top_p", "stop_ids",
                "ignore_eos", "cancel", "generated", "finish_reason", "prompt_tokens",
                "output_tokens")  # in the kernel's argument order
@@ -78,6 +78,9 @@ class PersistentExecutor:
         self.max_model_len = min(max_model_len or engine_config.max_model_len
                                  or cfg.max_position_embeddings, cfg.max_position_embeddings)
         S, T = engine_config.max_num_seqs, engine_config.max_num_batched_tokens
+        if S > T:  # every running request decodes every step: they must all fit the budget
+            raise ValueError(f"the persistent executor needs max_num_seqs ({S}) <= "
+                             f"max_num_batched_tokens ({T})")
         H, K, E, D, F = (cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, cfg.hidden_size,
                          cfg.intermediate_size)
         N, B = engine_config.num_kv_blocks, engine_config.block_size
@@ -103,7 +106,10 @@ class PersistentExecutor:
         lanes = np.zeros((S, pk.NUM_LANE_FIELDS), i64)  # (S, fields)
         lanes[:, pk.L_SLOT] = -1
         self.scheduler_state = dict(
-            lanes=cuda.to_device(lanes), block_tables=cuda.to_device(np.full((S, W), -1, i32)),
+            lanes=cuda.to_device(lanes),
+            lane_sampling=cuda.device_array((S, 2), f32),  # (S, [temperature, top_p])
+            lane_stop_ids=cuda.device_array((S, ring.layout.max_stop_ids), i32),  # (S, T)
+            block_tables=cuda.to_device(np.full((S, W), -1, i32)),
             free_blocks=cuda.to_device(np.arange(N, dtype=i32)[::-1].copy()),
             free_top=cuda.to_device(np.array([N], i32)),
             sched=cuda.to_device(self._initial_sched()),
@@ -150,7 +156,7 @@ class PersistentExecutor:
                 b["token_ids"], b["positions"], b["seq_rows"], b["logit_rows"],
                 b["step_temperature"], b["step_top_p"], b["step_top_k"], b["step_seeds"],
                 b["counters"], b["tokens"], b["row_lane"],
-                s["lanes"], s["block_tables"], s["free_blocks"], s["free_top"], s["sched"],
+                s["lanes"], s["lane_sampling"], s["lane_stop_ids"], s["block_tables"], s["free_blocks"], s["free_top"], s["sched"],
                 s["candidates"], self.budget, self.max_model_len,
                 int(self.ring_mapping.in_device_memory))
 
@@ -211,7 +217,7 @@ class PersistentExecutor:
     def stats(self) -> dict[str, int]:
         """The kernel's counters, read from host memory (no CUDA call)."""
         c = self.control.host
-        return dict(steps=int(c[pk.C_STEPS]), heartbeat=int(c[pk.C_HEARTBEAT]),
+        return dict(steps=int(c[pk.C_STEPS]), heartbeat=int(self.ring.engine_heartbeat),
                     claimed=int(c[pk.C_CLAIMED]), last_scan_ns=int(c[pk.C_SCAN_NS]),
                     scans=int(c[pk.C_SCANS]), running=int(c[pk.C_RUNNING]),
                     free_blocks=int(c[pk.C_FREE_BLOCKS]), schedule_ns=int(c[pk.C_SCHEDULE_NS]),

@@ -7,12 +7,16 @@ megakernel, and the only form that runs in Numba's simulator).
 
 The kernel is launched once and loops until the host raises a stop flag. One iteration:
 
-    A  every block   scan      if the ring's doorbell moved: look at every slot's state word
-                               (grid-strided: each thread reads a few), note PREFILL_PENDING ones
+    A  block 0       read      the host's words, all at once (one round trip over PCIe): doorbell,
+                               stop flag, the cancel flags of running lanes (cancelled lanes
+                               finish); the heartbeat goes out
        ---- grid barrier ----
-    B  block 0       schedule  stop flag, heartbeat; cancelled lanes finish; claim pending slots
-                               in arrival order (FCFS) while a lane and KV blocks are free; plan
-                               this step: decodes first, then prompt chunks within the token budget
+       every block   scan      only if the doorbell moved: look at every slot's state word
+                               (grid-strided: each thread reads a few), note PREFILL_PENDING ones
+       ---- grid barrier (only after a scan) ----
+    B  block 0       schedule  claim pending slots in arrival order (FCFS) while a lane and KV
+                               blocks are free; plan this step: decodes first, then prompt chunks
+                               within the token budget (a thread per lane, a block-wide scan)
        ---- grid barrier ----
     C  every block   forward   the model over the step's flat batch (the same device functions the
                                eager and graph executors launch one by one), then sampling
@@ -25,8 +29,16 @@ The host thread that launched the kernel makes no CUDA call while it runs.
 
 **Lanes.** The batch has ``S`` lanes (``max_num_seqs``); a claimed request occupies one until it
 finishes. ``lanes[s]`` holds its ring slot, tokens cached, tokens known, prompt length, admission
-number, tokens generated and sampling seed (int64 words). Lane ``s`` uses row ``s`` of
-``block_tables``.
+number, tokens generated, sampling seed, its place in this step's flat batch, its last token and
+its stop rules (int64 words); ``lane_sampling[s]`` its temperature and top-p, ``lane_stop_ids[s]``
+its stop ids. Lane ``s`` uses row ``s`` of ``block_tables``.
+
+**What a step costs besides the model** is mostly waiting: a grid barrier (~1.7 µs on the H200,
+whatever the grid size), a read of host memory across PCIe (~1–2 µs), a loop that one thread
+walks. So the kernel copies each request's parameters into its lane once, at admission (a step
+then reads no ring field but the prompt), reads the host's words once per step and all at once,
+skips the scan and its barrier while the doorbell is quiet, and plans the step with a thread per
+lane (``bench.persistent`` reports the time of each phase).
 
 **KV blocks** come from a stack of free block ids (``free_blocks``, ``free_top``). Admission
 reserves every block a request can need (prompt + max_tokens - 1 tokens), so a running request
@@ -47,7 +59,7 @@ from numba import int32, int64
 from ..kernels.attention import paged_attention
 from ..kernels.elementwise import embed_tokens, swiglu
 from ..kernels.linear import linear
-from ..kernels.reduce import THREADS, cuda
+from ..kernels.reduce import THREADS, block_exclusive_sum, cuda
 from ..kernels.rope import rope_and_write_kv
 from ..kernels.sampling import lowbias32, sample_rows
 from ..kernels.sync import globaltimer_ns, load_acquire, pause_ns, store_release
@@ -57,18 +69,20 @@ from ..ring.layout import (DECODE_COMPLETED, DECODE_PROCESSING, FINISH_ABORT, FI
 MAX_CANDIDATES = 64  # pending slots one scan can note; more wait for the next scan
 
 # lanes[s, field]
-L_SLOT, L_CACHED, L_LEN, L_PROMPT, L_ORDER, L_GEN, L_SCHED, L_SAMPLE_ROW, L_SEED = range(9)
-NUM_LANE_FIELDS = 9
+(L_SLOT, L_CACHED, L_LEN, L_PROMPT, L_ORDER, L_GEN, L_SCHED, L_SAMPLE_ROW, L_SEED, L_START,
+ L_LAST_TOKEN, L_MAX_TOKENS, L_IGNORE_EOS, L_TOP_K) = range(14)
+NUM_LANE_FIELDS = 14
 # sched[word]: the kernel's own bookkeeping, in device memory
 (S_STOP, S_TOKENS, S_ROWS, S_DOORBELL_SEEN, S_DOORBELL_NOW, S_ADMITTED, S_CANDIDATES,
  S_SCAN_START, S_STEPS, S_SCAN_NS, S_SCANS, S_IDLE, S_CLOCK_OFFSET, S_STEP_START,
- S_FORWARD_START) = range(15)
-NUM_SCHED_WORDS = 15
-# control[word]: shared with the host (mapped memory). The *_NS words are cumulative GPU time of
-# the phases of every step that ran the model: A+B (scan, schedule and their barriers), C, D.
-(C_STOP, C_STEPS, C_HEARTBEAT, C_SCAN_NS, C_SCANS, C_CLAIMED, C_RUNNING, C_FREE_BLOCKS,
- C_SCHEDULE_NS, C_FORWARD_NS, C_PUBLISH_NS) = range(11)
-NUM_CONTROL_WORDS = 11
+ S_FORWARD_START, S_BEATS, S_CLAIMED, S_SCHEDULE_NS, S_FORWARD_NS, S_PUBLISH_NS) = range(20)
+NUM_SCHED_WORDS = 20
+# control[word]: shared with the host (mapped memory); the kernel only writes them, except the
+# stop flag. The *_NS words are cumulative GPU time of the phases of every step that ran the
+# model: A+B (reads, scan, schedule and their barriers), C (forward), D (publish).
+(C_STOP, C_STEPS, C_SCAN_NS, C_SCANS, C_CLAIMED, C_RUNNING, C_FREE_BLOCKS,
+ C_SCHEDULE_NS, C_FORWARD_NS, C_PUBLISH_NS) = range(10)
+NUM_CONTROL_WORDS = 10
 CANDIDATES_SHAPE = (MAX_CANDIDATES,)
 IDLE_SLEEP_NS = 2000
 
@@ -82,11 +96,7 @@ def grid_sync():
 # --- A: scan ------------------------------------------------------------------------------------
 @cuda.jit(device=True)
 def scan_ring(state, sched, candidates, thread, n_threads):
-    """Note the PREFILL_PENDING slots in ``candidates`` if the doorbell rang since the last scan.
-    Every block decides from the same snapshot (S_DOORBELL_NOW, taken before a grid barrier), so
-    either all of them scan their share of the slots or none does."""
-    if sched[S_DOORBELL_NOW] == sched[S_DOORBELL_SEEN]:
-        return
+    """Note the PREFILL_PENDING slots in ``candidates`` (this thread's share of the slots)."""
     for slot in range(thread, state.shape[0], n_threads):
         if load_acquire(state, slot) == PREFILL_PENDING:
             k = cuda.atomic.add(sched, S_CANDIDATES, 1)
@@ -126,9 +136,10 @@ def finish_cancelled(lanes, cancel, state, finish_reason, block_tables, free_blo
 
 @cuda.jit(device=True)
 def admit_candidates(state, arrival_ns, claim_ns, prompt_len, max_tokens, seed, temperature,
-                     top_p, top_k, prompt_tokens, finish_reason, lanes, block_tables, free_blocks,
-                     free_top, sched, control, candidates, vocab_size, output_tokens_width,
-                     max_model_len, block_size, ring_in_device_memory):
+                     top_p, top_k, stop_ids, ignore_eos, prompt_tokens, finish_reason, lanes,
+                     lane_sampling, lane_stop_ids, block_tables, free_blocks, free_top, sched,
+                     control, candidates, vocab_size, output_tokens_width, max_model_len,
+                     block_size, ring_in_device_memory):
     """Claim noted slots oldest first while a lane and their KV blocks are free (thread 0 decides;
     the block checks each prompt's token ids in parallel). False if one had to wait."""
     tid = cuda.threadIdx.x
@@ -153,8 +164,10 @@ def admit_candidates(state, arrival_ns, claim_ns, prompt_len, max_tokens, seed, 
         cuda.syncthreads()
         if tid == 0 and verdict[0] != SKIP:
             verdict[0] = place_request(slot, verdict[0], state, claim_ns, prompt_len, max_tokens,
-                                       seed, finish_reason, lanes, block_tables, free_blocks, free_top,
-                                       sched, control, block_size, ring_in_device_memory)
+                                       seed, temperature, top_p, top_k, stop_ids, ignore_eos,
+                                       finish_reason, lanes, lane_sampling, lane_stop_ids,
+                                       block_tables, free_blocks, free_top, sched, control,
+                                       block_size, ring_in_device_memory)
         cuda.syncthreads()
         if verdict[0] == WAIT:
             return False  # FCFS: nobody overtakes the oldest request that does not fit
@@ -196,8 +209,9 @@ def claim_slot(state, slot, ring_in_device_memory):
 
 
 @cuda.jit(device=True)
-def place_request(slot, verdict, state, claim_ns, prompt_len, max_tokens, seed, finish_reason, lanes,
-                  block_tables, free_blocks, free_top, sched, control, block_size,
+def place_request(slot, verdict, state, claim_ns, prompt_len, max_tokens, seed, temperature,
+                  top_p, top_k, stop_ids, ignore_eos, finish_reason, lanes, lane_sampling,
+                  lane_stop_ids, block_tables, free_blocks, free_top, sched, control, block_size,
                   ring_in_device_memory):
     """Thread 0: claim ``slot`` and give it a lane and its blocks. Returns the final verdict."""
     lane = -1
@@ -212,7 +226,8 @@ def place_request(slot, verdict, state, claim_ns, prompt_len, max_tokens, seed, 
     if not claim_slot(state, slot, ring_in_device_memory):
         return SKIP
     claim_ns[slot] = globaltimer_ns() + sched[S_CLOCK_OFFSET]
-    store_release(control, C_CLAIMED, control[C_CLAIMED] + 1)
+    sched[S_CLAIMED] += 1
+    store_release(control, C_CLAIMED, sched[S_CLAIMED])
     if verdict == ERROR:
         complete_slot(slot, FINISH_ERROR, state, finish_reason)
         return ERROR
@@ -226,24 +241,81 @@ def place_request(slot, verdict, state, claim_ns, prompt_len, max_tokens, seed, 
     lanes[lane, L_GEN] = 0
     lanes[lane, L_ORDER] = sched[S_ADMITTED]
     lanes[lane, L_SEED] = seed_of(seed[slot], slot)
+    copy_request_to_lane(slot, lane, lanes, lane_sampling, lane_stop_ids, temperature, top_p,
+                         top_k, stop_ids, ignore_eos, max_tokens)
     sched[S_ADMITTED] += 1
     return ADMIT
 
 
 @cuda.jit(device=True)
+def copy_request_to_lane(slot, lane, lanes, lane_sampling, lane_stop_ids, temperature, top_p,
+                         top_k, stop_ids, ignore_eos, max_tokens):
+    """Thread 0, at admission: the request's sampling parameters and stop rules, read from the
+    ring once, so that no later step has to reach across PCIe for them."""
+    lanes[lane, L_LAST_TOKEN] = -1
+    lanes[lane, L_MAX_TOKENS] = max_tokens[slot]
+    lanes[lane, L_IGNORE_EOS] = ignore_eos[slot]
+    lanes[lane, L_TOP_K] = top_k[slot]
+    lane_sampling[lane, 0] = temperature[slot]
+    lane_sampling[lane, 1] = top_p[slot]
+    for j in range(lane_stop_ids.shape[1]):
+        lane_stop_ids[lane, j] = stop_ids[slot, j]
+
+
+@cuda.jit(device=True)
 def plan_step(lanes, sched, budget):
-    """Thread 0: how many tokens each lane runs this step (lanes[:, L_SCHED]) and which lanes
-    sample (lanes[:, L_SAMPLE_ROW]): decodes first, then prompt chunks oldest first."""
+    """Block 0: how many tokens each lane runs this step (lanes[:, L_SCHED]), where they go in the
+    flat batch (L_START) and which lanes sample (L_SAMPLE_ROW): decodes first (a thread per lane;
+    the executor makes sure S <= budget), then prompt chunks oldest first (thread 0), then places
+    and rows in lane order (a block-wide scan). Returns whether any lane has prompt left."""
+    tid = cuda.threadIdx.x
     S = lanes.shape[0]
-    n_tokens = 0
-    n_rows = 0
-    for s in range(S):
+    counts = cuda.shared.array(2, int32)  # decoding lanes, lanes with prompt tokens left
+    scratch = cuda.shared.array(THREADS, int32)
+    if tid == 0:
+        counts[0] = 0
+        counts[1] = 0
+    cuda.syncthreads()
+    for s in range(tid, S, THREADS):
         lanes[s, L_SCHED] = 0
         lanes[s, L_SAMPLE_ROW] = -1
-        if lanes[s, L_SLOT] >= 0 and lanes[s, L_CACHED] >= lanes[s, L_PROMPT] and n_tokens < budget:
-            lanes[s, L_SCHED] = 1  # decoding: one token, always caught up afterwards
-            n_tokens += 1
-    while n_tokens < budget:  # prompt chunks, oldest admission first
+        if lanes[s, L_SLOT] >= 0:
+            if lanes[s, L_CACHED] >= lanes[s, L_PROMPT]:
+                lanes[s, L_SCHED] = 1  # decoding: one token, always caught up afterwards
+                cuda.atomic.add(counts, 0, 1)
+            else:
+                cuda.atomic.add(counts, 1, 1)
+    cuda.syncthreads()
+    prompts_left = counts[1] > 0
+    if tid == 0 and prompts_left:
+        schedule_prompt_chunks(lanes, counts[0], budget)
+    cuda.syncthreads()
+    n_tokens = int64(0)
+    n_rows = int64(0)
+    for base in range(0, S, THREADS):  # every thread runs the same number of rounds
+        s = base + tid
+        n = lanes[s, L_SCHED] if s < S else 0
+        samples = s < S and n > 0 and lanes[s, L_CACHED] + n == lanes[s, L_LEN]  # caught up
+        tokens_before, tokens_here = block_exclusive_sum(int32(n), scratch)
+        rows_before, rows_here = block_exclusive_sum(int32(1 if samples else 0), scratch)
+        if s < S:
+            lanes[s, L_START] = n_tokens + tokens_before
+            if samples:
+                lanes[s, L_SAMPLE_ROW] = n_rows + rows_before
+        n_tokens += tokens_here
+        n_rows += rows_here
+    if tid == 0:
+        sched[S_TOKENS] = n_tokens
+        sched[S_ROWS] = n_rows
+    cuda.syncthreads()  # fill_step reads every lane's place
+    return prompts_left
+
+
+@cuda.jit(device=True)
+def schedule_prompt_chunks(lanes, n_tokens, budget):
+    """Thread 0: prompt chunks into what the decodes left of the budget, oldest admission first."""
+    S = lanes.shape[0]
+    while n_tokens < budget:
         oldest = -1
         for s in range(S):
             if (lanes[s, L_SLOT] >= 0 and lanes[s, L_SCHED] == 0
@@ -255,42 +327,45 @@ def plan_step(lanes, sched, budget):
         chunk = min(lanes[oldest, L_LEN] - lanes[oldest, L_CACHED], budget - n_tokens)
         lanes[oldest, L_SCHED] = chunk
         n_tokens += chunk
-    for s in range(S):  # a lane samples when this step brings it up to date
-        if lanes[s, L_SCHED] > 0 and lanes[s, L_CACHED] + lanes[s, L_SCHED] == lanes[s, L_LEN]:
-            lanes[s, L_SAMPLE_ROW] = n_rows
-            n_rows += 1
-    sched[S_TOKENS] = n_tokens
-    sched[S_ROWS] = n_rows
 
 
 @cuda.jit(device=True)
-def fill_step(lanes, prompt_tokens, output_tokens, temperature, top_p, top_k, token_ids,
-              positions, seq_rows, logit_rows, step_temperature, step_top_p, step_top_k,
-              step_seeds, counters, row_lane):
-    """Block 0: write the planned step into the flat-batch arrays (lane by lane; a lane's tokens
-    are spread over the threads, since its prompt lives in host memory)."""
+def fill_step(lanes, lane_sampling, prompts_left, prompt_tokens, token_ids, positions, seq_rows,
+              logit_rows, step_temperature, step_top_p, step_top_k, step_seeds, counters, row_lane):
+    """Block 0: write the planned step into the flat-batch arrays. A thread per lane writes its
+    decode token (its last one, kept in the lane) and its sample row; then, if prompts are being
+    read, the whole block copies each prompt chunk from the ring (host memory), lane by lane."""
     tid = cuda.threadIdx.x
-    start = 0
-    for s in range(lanes.shape[0]):  # every thread walks the lanes; each writes its tokens
+    S = lanes.shape[0]
+    for s in range(tid, S, THREADS):
         n = lanes[s, L_SCHED]
         if n == 0:
             continue
-        slot, cached, prompt = lanes[s, L_SLOT], lanes[s, L_CACHED], lanes[s, L_PROMPT]
-        for j in range(tid, n, THREADS):
-            p = cached + j
-            token_ids[start + j] = prompt_tokens[slot, p] if p < prompt else output_tokens[slot, p - prompt]
-            positions[start + j] = p
-            seq_rows[start + j] = s
+        start = lanes[s, L_START]
+        if lanes[s, L_CACHED] >= lanes[s, L_PROMPT]:  # a decode: one token
+            token_ids[start] = lanes[s, L_LAST_TOKEN]
+            positions[start] = lanes[s, L_CACHED]
+            seq_rows[start] = s
         r = lanes[s, L_SAMPLE_ROW]
-        if r >= 0 and tid == 0:
+        if r >= 0:
             logit_rows[r] = start + n - 1
             row_lane[r] = s
-            step_temperature[r] = temperature[slot]
-            step_top_p[r] = top_p[slot]
-            step_top_k[r] = top_k[slot]
+            step_temperature[r] = lane_sampling[s, 0]
+            step_top_p[r] = lane_sampling[s, 1]
+            step_top_k[r] = lanes[s, L_TOP_K]
             step_seeds[r] = lanes[s, L_SEED]
             counters[r] = lanes[s, L_GEN]
-        start += n
+    if not prompts_left:
+        return
+    for s in range(S):  # every thread walks the lanes; the prompt's tokens are spread over them
+        n, cached = lanes[s, L_SCHED], lanes[s, L_CACHED]
+        if n == 0 or cached >= lanes[s, L_PROMPT]:
+            continue
+        slot, start = lanes[s, L_SLOT], lanes[s, L_START]
+        for j in range(tid, n, THREADS):
+            token_ids[start + j] = prompt_tokens[slot, cached + j]
+            positions[start + j] = cached + j
+            seq_rows[start + j] = s
 
 
 @cuda.jit(device=True)
@@ -340,11 +415,12 @@ def forward(T, R, embed, attn_norm, w_qkv, b_qkv, w_o, b_o, mlp_norm, w_gate_up,
 
 # --- D: publish (block 0) -----------------------------------------------------------------------
 @cuda.jit(device=True)
-def publish(lanes, tokens, row_lane, R, state, output_tokens, generated, first_token_ns,
-            last_token_ns, finish_reason, max_tokens, stop_ids, ignore_eos, eos_ids, block_tables,
-            free_blocks, free_top, max_model_len, now_ns):
+def publish(lanes, lane_stop_ids, tokens, row_lane, R, state, output_tokens, generated,
+            first_token_ns, last_token_ns, finish_reason, eos_ids, block_tables, free_blocks,
+            free_top, max_model_len, now_ns):
     """Thread per sampled row: the token into the arena, then ``generated`` (release), then the
-    state; the stop rules; a finished lane gives its blocks back. Then every lane's progress."""
+    state; the stop rules; a finished lane gives its blocks back. Then every lane's progress.
+    Returns how many lanes are running afterwards."""
     tid = cuda.threadIdx.x
     for s in range(tid, lanes.shape[0], THREADS):  # what this step cached
         lanes[s, L_CACHED] += lanes[s, L_SCHED]
@@ -361,43 +437,45 @@ def publish(lanes, tokens, row_lane, R, state, output_tokens, generated, first_t
             store_release(state, slot, DECODE_PROCESSING)
         lanes[lane, L_GEN] = n + 1
         lanes[lane, L_LEN] += 1
-        reason = stop_reason(token, n + 1, lanes[lane, L_LEN], slot, max_tokens, stop_ids,
-                             ignore_eos, eos_ids, max_model_len)
+        lanes[lane, L_LAST_TOKEN] = token
+        reason = stop_reason(token, lane, lanes, lane_stop_ids, eos_ids, max_model_len)
         if reason != 0:
             free_lane(lane, lanes, block_tables, free_blocks, free_top)
             complete_slot(slot, reason, state, finish_reason)
+    running = cuda.shared.array(1, int32)
+    if tid == 0:
+        running[0] = 0
+    cuda.syncthreads()
+    for s in range(tid, lanes.shape[0], THREADS):
+        if lanes[s, L_SLOT] >= 0:
+            cuda.atomic.add(running, 0, 1)
+    cuda.syncthreads()
+    return running[0]
 
 
 @cuda.jit(device=True)
-def stop_reason(token, n_generated, n_tokens, slot, max_tokens, stop_ids, ignore_eos, eos_ids,
-                max_model_len):
+def stop_reason(token, lane, lanes, lane_stop_ids, eos_ids, max_model_len):
     """FINISH_STOP for EOS (unless ignored) or a stop id; FINISH_LENGTH at max_tokens or the
     context limit; 0 to go on. (The same rules as the host scheduler's ``postprocess``.)"""
-    for j in range(stop_ids.shape[1]):
-        if stop_ids[slot, j] == token:
+    for j in range(lane_stop_ids.shape[1]):
+        if lane_stop_ids[lane, j] == token:
             return FINISH_STOP
-    if ignore_eos[slot] == 0:
+    if lanes[lane, L_IGNORE_EOS] == 0:
         for j in range(eos_ids.shape[0]):
             if eos_ids[j] == token:
                 return FINISH_STOP
-    if n_generated >= max_tokens[slot] or n_tokens >= max_model_len:
+    if lanes[lane, L_GEN] >= lanes[lane, L_MAX_TOKENS] or lanes[lane, L_LEN] >= max_model_len:
         return FINISH_LENGTH
     return 0
-
-
-@cuda.jit(device=True)
-def add_phase_time(control, word, ns):
-    """Thread 0 of block 0: add one step's phase time to a cumulative control word."""
-    store_release(control, word, control[word] + ns)
 
 
 # --- the kernel ---------------------------------------------------------------------------------
 @cuda.jit
 def persistent_scheduler_kernel(
         # the ring (host memory mapped into the GPU, or device memory)
-        state, doorbell, arrival_ns, claim_ns, first_token_ns, last_token_ns, prompt_len,
-        max_tokens, top_k, seed, temperature, top_p, stop_ids, ignore_eos, cancel, generated,
-        finish_reason, prompt_tokens, output_tokens, control,
+        state, doorbell, engine_heartbeat, arrival_ns, claim_ns, first_token_ns, last_token_ns,
+        prompt_len, max_tokens, top_k, seed, temperature, top_p, stop_ids, ignore_eos, cancel,
+        generated, finish_reason, prompt_tokens, output_tokens, control,
         # the model (per-layer weights stacked on a leading layer axis)
         embed, attn_norm, w_qkv, b_qkv, w_o, b_o, mlp_norm, w_gate_up, b_gate_up, w_down, b_down,
         final_norm, lm_head, no_norm, eps, cos, sin, kv_pool, num_heads, num_kv_heads, eos_ids,
@@ -405,37 +483,40 @@ def persistent_scheduler_kernel(
         x, qkv, attn, gate_up, act, logits, all_rows, token_ids, positions, seq_rows, logit_rows,
         step_temperature, step_top_p, step_top_k, step_seeds, counters, tokens, row_lane,
         # the scheduler's own state
-        lanes, block_tables, free_blocks, free_top, sched, candidates, budget, max_model_len,
-        ring_in_device_memory):
+        lanes, lane_sampling, lane_stop_ids, block_tables, free_blocks, free_top, sched,
+        candidates, budget, max_model_len, ring_in_device_memory):
     tid = cuda.threadIdx.x
     leader = cuda.blockIdx.x == 0
     n_threads = cuda.gridDim.x * THREADS
     thread = cuda.blockIdx.x * THREADS + tid
     block_size = kv_pool.shape[3]
     while True:
-        # A: scan (every block), from one snapshot of the doorbell. A frontend makes its slot
-        # PENDING before it rings, so every slot rung for up to the snapshot is seen by the scan.
-        if leader and tid == 0:
-            sched[S_STEP_START] = globaltimer_ns()
-            sched[S_DOORBELL_NOW] = load_acquire(doorbell, 0)
-        grid_sync()
-        if leader and tid == 0:
-            sched[S_SCAN_START] = globaltimer_ns()
-        scan_ring(state, sched, candidates, thread, n_threads)
-        grid_sync()
-        # B: schedule (block 0)
+        # A: the host's words (block 0), all loads in flight at once. The doorbell snapshot: a
+        # frontend makes its slot PENDING before it rings, so the scan sees every slot rung so far.
         if leader:
             if tid == 0:
+                sched[S_STEP_START] = globaltimer_ns()
+                sched[S_DOORBELL_NOW] = load_acquire(doorbell, 0)
                 sched[S_STOP] = load_acquire(control, C_STOP)
-                store_release(control, C_HEARTBEAT, control[C_HEARTBEAT] + 1)
-                if sched[S_CANDIDATES] > 0:
-                    sched[S_SCANS] += 1
-                    sched[S_SCAN_NS] = globaltimer_ns() - sched[S_SCAN_START]
+                sched[S_BEATS] += 1
+                store_release(engine_heartbeat, 0, sched[S_BEATS])  # the frontend's /health
             finish_cancelled(lanes, cancel, state, finish_reason, block_tables, free_blocks,
                              free_top)
-            cuda.syncthreads()
+        grid_sync()
+        # every block decides from the same snapshot: all of them scan (and meet after), or none
+        if sched[S_DOORBELL_NOW] != sched[S_DOORBELL_SEEN]:
+            if leader and tid == 0:
+                sched[S_SCAN_START] = globaltimer_ns()
+            scan_ring(state, sched, candidates, thread, n_threads)
+            grid_sync()
+        # B: schedule (block 0)
+        if leader:
+            if tid == 0 and sched[S_CANDIDATES] > 0:
+                sched[S_SCANS] += 1
+                sched[S_SCAN_NS] = globaltimer_ns() - sched[S_SCAN_START]
             if admit_candidates(state, arrival_ns, claim_ns, prompt_len, max_tokens, seed,
-                                temperature, top_p, top_k, prompt_tokens, finish_reason, lanes, block_tables,
+                                temperature, top_p, top_k, stop_ids, ignore_eos, prompt_tokens,
+                                finish_reason, lanes, lane_sampling, lane_stop_ids, block_tables,
                                 free_blocks, free_top, sched, control, candidates,
                                 embed.shape[0], output_tokens.shape[1], max_model_len, block_size,
                                 ring_in_device_memory):
@@ -444,11 +525,10 @@ def persistent_scheduler_kernel(
             cuda.syncthreads()
             if tid == 0:
                 sched[S_CANDIDATES] = 0
-                plan_step(lanes, sched, budget)
-            cuda.syncthreads()
-            fill_step(lanes, prompt_tokens, output_tokens, temperature, top_p, top_k,
-                      token_ids, positions, seq_rows, logit_rows, step_temperature, step_top_p,
-                      step_top_k, step_seeds, counters, row_lane)
+            prompts_left = plan_step(lanes, sched, budget)
+            fill_step(lanes, lane_sampling, prompts_left, prompt_tokens, token_ids, positions,
+                      seq_rows, logit_rows, step_temperature, step_top_p, step_top_k, step_seeds,
+                      counters, row_lane)
         grid_sync()
         if sched[S_STOP] != 0:
             return
@@ -470,21 +550,27 @@ def persistent_scheduler_kernel(
         # D: publish (block 0)
         if leader:
             publish_start = globaltimer_ns()
-            publish(lanes, tokens, row_lane, R, state, output_tokens, generated, first_token_ns,
-                    last_token_ns, finish_reason, max_tokens, stop_ids, ignore_eos, eos_ids,
-                    block_tables, free_blocks, free_top, max_model_len,
-                    globaltimer_ns() + sched[S_CLOCK_OFFSET])
-            cuda.syncthreads()
+            running = publish(lanes, lane_stop_ids, tokens, row_lane, R, state, output_tokens,
+                              generated, first_token_ns, last_token_ns, finish_reason, eos_ids,
+                              block_tables, free_blocks, free_top, max_model_len,
+                              publish_start + sched[S_CLOCK_OFFSET])
             if tid == 0:
-                running = 0
-                for s in range(lanes.shape[0]):
-                    running += 1 if lanes[s, L_SLOT] >= 0 else 0
-                store_release(control, C_RUNNING, running)
-                store_release(control, C_FREE_BLOCKS, free_top[0])
-                sched[S_STEPS] += 1
-                store_release(control, C_STEPS, sched[S_STEPS])
-                store_release(control, C_SCAN_NS, sched[S_SCAN_NS])
-                store_release(control, C_SCANS, sched[S_SCANS])
-                add_phase_time(control, C_SCHEDULE_NS, sched[S_FORWARD_START] - sched[S_STEP_START])
-                add_phase_time(control, C_FORWARD_NS, publish_start - sched[S_FORWARD_START])
-                add_phase_time(control, C_PUBLISH_NS, globaltimer_ns() - publish_start)
+                count_step(sched, control, running, free_top[0], publish_start)
+
+
+@cuda.jit(device=True)
+def count_step(sched, control, running, free_blocks, publish_start):
+    """Thread 0 of block 0, after a step: the counters the host reads. Plain stores, then one
+    release of the step count: a host that sees the new count sees the rest."""
+    sched[S_STEPS] += 1
+    sched[S_SCHEDULE_NS] += sched[S_FORWARD_START] - sched[S_STEP_START]
+    sched[S_FORWARD_NS] += publish_start - sched[S_FORWARD_START]
+    sched[S_PUBLISH_NS] += globaltimer_ns() - publish_start
+    control[C_RUNNING] = running
+    control[C_FREE_BLOCKS] = free_blocks
+    control[C_SCAN_NS] = sched[S_SCAN_NS]
+    control[C_SCANS] = sched[S_SCANS]
+    control[C_SCHEDULE_NS] = sched[S_SCHEDULE_NS]
+    control[C_FORWARD_NS] = sched[S_FORWARD_NS]
+    control[C_PUBLISH_NS] = sched[S_PUBLISH_NS]
+    store_release(control, C_STEPS, sched[S_STEPS])

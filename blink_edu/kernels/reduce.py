@@ -42,6 +42,7 @@ def grid_for(n_items: int, max_blocks: int = 1024) -> int:
 
 WARP = 32
 FULL_MASK = 0xFFFFFFFF
+ZERO_I32 = int32(0)
 
 
 @cuda.jit(device=True, inline=True)
@@ -147,13 +148,54 @@ def _serial_argmax(value, index, values, indices):
     return best, where
 
 
+@cuda.jit(device=True, inline=True)
+def _shuffle_exclusive_sum(value, scratch):
+    """GPU form: an inclusive scan inside each warp by ``shfl_up`` (log2 32 = 5 steps), the warps'
+    totals through shared memory, then each thread adds the totals of the warps before its own."""
+    lane, warp = cuda.threadIdx.x % WARP, cuda.threadIdx.x // WARP
+    inclusive = value
+    offset = 1
+    while offset < WARP:
+        below = cuda.shfl_up_sync(FULL_MASK, inclusive, offset)
+        if lane >= offset:
+            inclusive += below
+        offset *= 2
+    if lane == WARP - 1:
+        scratch[warp] = inclusive
+    cuda.syncthreads()
+    before, total = ZERO_I32, ZERO_I32
+    for j in range(THREADS // WARP):
+        if j < warp:
+            before += scratch[j]
+        total += scratch[j]
+    cuda.syncthreads()
+    return before + inclusive - value, total
+
+
+@cuda.jit(device=True, inline=True)
+def _serial_exclusive_sum(value, scratch):
+    """Simulator form: every thread adds up the values of the threads before it."""
+    scratch[cuda.threadIdx.x] = value
+    cuda.syncthreads()
+    before, total = ZERO_I32, ZERO_I32
+    for j in range(THREADS):
+        if j < cuda.threadIdx.x:
+            before += scratch[j]
+        total += scratch[j]
+    cuda.syncthreads()
+    return before, total
+
+
 # block_sum(value, scratch) / block_max(value, scratch): the reduction over the block's threads,
 # every thread gets the result; scratch is a shared float32 (THREADS,).
 # block_argmax(value, index, values, indices): (max value, its lowest index).
 block_sum = _serial_sum if SIMULATOR else _shuffle_sum
 block_max = _serial_max if SIMULATOR else _shuffle_max
 block_argmax = _serial_argmax if SIMULATOR else _shuffle_argmax
+# block_exclusive_sum(value, scratch): (the sum of ``value`` over the threads before this one, the
+# sum over all); int32 values, scratch a shared int32 (THREADS,). Where each thread's items go in
+# a list that every thread appends to, in thread order.
+block_exclusive_sum = _serial_exclusive_sum if SIMULATOR else _shuffle_exclusive_sum
 
 
 NEG_INF = float32(-math.inf)
-ZERO_I32 = int32(0)
