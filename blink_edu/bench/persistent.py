@@ -182,13 +182,13 @@ def wait_for_state(pid: int, wanted: str, timeout_s: float = 2.0) -> str:
 # --- the SIGSTOP demonstration ---------------------------------------------------------------------
 def sigstop_demo(model_dir, engine_config, n_before=4, n_during=8, max_tokens=48) -> dict:
     """Engine process (persistent) + this process as the frontend; SIGSTOP the engine mid-run."""
-    from ..serve.engine_process import EngineStatsBoard, run_engine
+    from ..serve.engine_process import EngineStatsBoard, request_stop, run_engine
 
     ctx = multiprocessing.get_context("spawn")
     layout = RingLayout(num_slots=64, max_prompt_tokens=64, max_output_tokens=max_tokens)
     ring = Ring.create(layout)
-    stop, board = ctx.RawValue("i", 0), EngineStatsBoard(ctx)
-    proc = ctx.Process(target=run_engine, args=(ring.name, str(model_dir), engine_config, stop, board))
+    board = EngineStatsBoard(ring)
+    proc = ctx.Process(target=run_engine, args=(ring.name, str(model_dir), engine_config))
     proc.start()
     client, rng = RingClient(ring), np.random.default_rng(7)
     params = SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True)
@@ -226,7 +226,7 @@ def sigstop_demo(model_dir, engine_config, n_before=4, n_during=8, max_tokens=48
                             and result["all_full_length"])
     finally:
         os.kill(proc.pid, signal.SIGCONT)
-        stop.value = 1
+        request_stop(ring)
         proc.join(60)
         if proc.is_alive():
             proc.kill()

@@ -32,7 +32,7 @@ from ..model.bundled import resolve_model_dir
 from ..model.weights import load_weights
 from ..sim.costs import BandwidthCurve, CostModel
 from ..sim.metrics import meets_tbt, meets_ttft, tpot, ttft
-from ..sim.presets import Preset
+from ..sim.presets import PCIE_H200, Preset
 from ..sim.simulator import simulate
 from ..sim.workload import LengthModel, RequestSpec, poisson_workload
 from ..sched.policies import make_policy
@@ -95,6 +95,12 @@ def calibrate(weights, args, rng) -> tuple[float, float, float]:
     return float(max(a, 0.0)), float(max(b, 0.0)), float(max(c, 0.0))
 
 
+def link_for(executor: str) -> BandwidthCurve:
+    """The copy curve the real engine's rotations ride on: host memcpy for the CPU path, the
+    H200's measured PCIe link for the kernel executors (DuplexKV's device transport)."""
+    return HOST_MEMCPY if executor == "reference" else PCIE_H200
+
+
 def preset_for(weights, args, a: float, b: float, c: float) -> Preset:
     block_bytes = block_nbytes(weights.config, 16, itemsize=4)
     tbt = 5 * a
@@ -102,7 +108,7 @@ def preset_for(weights, args, a: float, b: float, c: float) -> Preset:
         name=f"bundled-{args.executor}-measured",
         description="the bundled model on this machine, step time fitted just now",
         cost=CostModel(fixed_s=a, per_token_s=b, per_context_token_s=c,
-                       block_bytes=block_bytes, link=HOST_MEMCPY),
+                       block_bytes=block_bytes, link=link_for(args.executor)),
         num_gpu_blocks=args.kv_blocks, max_num_seqs=16, max_num_batched_tokens=256,
         transfer_budget_blocks=args.kv_blocks, lengths=LENGTHS, rates=tuple(args.rates),
         num_requests=args.num_requests, ttft_slo_s=50 * tbt, tbt_slo_s=tbt,

@@ -91,9 +91,16 @@ FINISH_REASONS = {FINISH_NONE: None, FINISH_STOP: "stop", FINISH_LENGTH: "length
 FINISH_CODES = {reason: code for code, reason in FINISH_REASONS.items()}
 
 ALIGN = 64  # bytes: one cache line per field start
-MAGIC = int.from_bytes(b"BLNKRNG1", "little")  # marks a formatted ring (and its format version)
+MAGIC = int.from_bytes(b"BLNKRNG2", "little")  # marks a formatted ring (and its format version)
 HEADER = ("magic", "num_slots", "max_prompt_tokens", "max_output_tokens", "max_stop_ids")  # int64
-COUNTERS = ("doorbell", "engine_heartbeat")  # int64 each, one cache line each
+# int64 each, one cache line each: the frontends ring the doorbell; the engine beats its heartbeat;
+# a frontend sets engine_stop to 1 to ask the engine to stop (after draining its requests).
+COUNTERS = ("doorbell", "engine_heartbeat", "engine_stop")
+# The engine's telemetry, overwritten after every step (engine writes, frontend reads for
+# /metrics and /health). Written without a lock: a reader may mix two consecutive steps' values,
+# fine for telemetry. ``published`` stays 0 until the engine's first write.
+ENGINE_STATS = ("kv_blocks_used", "kv_blocks_free", "num_running", "num_waiting", "num_steps",
+                "num_preemptions", "published")
 
 
 @dataclass(frozen=True)
@@ -154,12 +161,15 @@ class RingLayout:
 
     @cached_property
     def fields(self) -> dict[str, Field]:
-        """Every named region of the buffer: the header, the two counters, the slot fields."""
+        """Every named region of the buffer: the header, the counters, the engine's stats, the
+        slot fields."""
         out = {"header": Field(0, np.dtype(np.int64), (len(HEADER),))}
         offset = _align(out["header"].nbytes)
         for name in COUNTERS:
             out[name] = Field(offset, np.dtype(np.int64), ())
             offset += ALIGN
+        out["engine_stats"] = Field(offset, np.dtype(np.int64), (len(ENGINE_STATS),))
+        offset = _align(offset + out["engine_stats"].nbytes)
         for name, (dtype, shape) in self.slot_fields().items():
             out[name] = Field(offset, np.dtype(dtype), shape)
             offset = _align(offset + out[name].nbytes)

@@ -6,12 +6,11 @@ This is the process standing in for the GPU side: it is started with ``multiproc
 ring's name, the model folder and the ``EngineConfig``. From then on it talks to the frontend
 only through the ring: it never sees an HTTP request, and the frontend never sees the engine.
 
-One extra, one-way telemetry channel exists besides the ring: ``EngineStatsBoard``, a few
-integers in shared memory (KV blocks used and free, running and waiting requests, steps) that
-the engine overwrites after every iteration and the frontend reads for ``/metrics`` and
-``/health``. The ring has no field for them; the board carries no requests and no tokens.
-It is written without a lock, so a reader may mix fields of two consecutive iterations: fine for
-telemetry, not for bookkeeping.
+The ring is the only channel, for control and telemetry too: the frontend asks the engine to
+stop through the ring's ``engine_stop`` word, and the engine overwrites the ring's
+``engine_stats`` after every iteration (KV blocks used and free, running and waiting requests,
+steps; ``EngineStatsBoard`` names them), which the frontend reads for ``/metrics`` and
+``/health``. A word in shared memory cannot be left locked by an engine that dies.
 """
 
 from __future__ import annotations
@@ -22,37 +21,39 @@ import sys
 import time
 from dataclasses import replace
 
-STATS_FIELDS = ("kv_blocks_used", "kv_blocks_free", "num_running", "num_waiting", "num_steps",
-                "num_preemptions", "published")
-
+from ..ring.layout import ENGINE_STATS, Ring
 
 class EngineStatsBoard:
-    """``EngineStats`` in shared memory: the engine writes, the frontend reads.
-    ``published`` = 0 until the engine's first write (the frontend then knows nothing yet)."""
+    """The ring's ``engine_stats`` words by name (``EngineStats``): the engine writes, the
+    frontend reads. ``published`` = 0 until the engine's first write."""
 
-    def __init__(self, ctx=None):
-        ctx = ctx or multiprocessing.get_context("spawn")
-        self.values = ctx.RawArray("q", len(STATS_FIELDS))  # (len(STATS_FIELDS),) int64
+    def __init__(self, ring: Ring):
+        self.ring = ring  # no view kept: a view would stop the ring's shared memory from closing
 
     def publish(self, stats) -> None:
-        for i, name in enumerate(STATS_FIELDS[:-1]):
-            self.values[i] = getattr(stats, name)
-        self.values[-1] = 1
+        values = self.ring.engine_stats  # (len(ENGINE_STATS),) int64
+        for i, name in enumerate(ENGINE_STATS[:-1]):
+            values[i] = getattr(stats, name)
+        values[-1] = 1
 
     def read(self) -> dict[str, int] | None:
         """The latest stats by name, or None before the engine's first write."""
-        snapshot = dict(zip(STATS_FIELDS, self.values[:]))
+        snapshot = dict(zip(ENGINE_STATS, self.ring.engine_stats.tolist()))
         return snapshot if snapshot.pop("published") else None
 
 
-def run_engine(ring_name: str, model_dir: str, engine_config, stop, board: EngineStatsBoard,
-               idle_sleep_s: float = 1e-4) -> None:
-    """The engine process's main function (the target of ``multiprocessing.Process``).
-    Runs until ``stop.value`` becomes nonzero or the frontend process is gone.
+def stop_requested(ring: Ring) -> bool:
+    return bool(ring.engine_stop)
 
-    ``stop`` is a plain shared integer (``RawValue``), not a ``multiprocessing.Event``: an Event
-    hides a lock, and an engine killed while holding it (in ``wait``) would leave the frontend
-    blocked forever in ``set``. A flag in shared memory cannot be left locked."""
+
+def request_stop(ring: Ring) -> None:
+    """The frontend's side: ask the engine to stop (it finishes its iteration, then exits)."""
+    ring.engine_stop[...] = 1
+
+
+def run_engine(ring_name: str, model_dir: str, engine_config, idle_sleep_s: float = 1e-4) -> None:
+    """The engine process's main function (the target of ``multiprocessing.Process``).
+    Runs until the ring's ``engine_stop`` word is set or the frontend process is gone."""
     # Ctrl-C (and `kill` of a process group) reach every process of the group; the frontend
     # decides when we stop, after it has drained its requests. (An orphan stops by itself.)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
@@ -65,12 +66,13 @@ def run_engine(ring_name: str, model_dir: str, engine_config, stop, board: Engin
     from ..ring.layout import Ring
 
     ring = Ring.attach(ring_name)
+    board = EngineStatsBoard(ring)
     eos = stop_ids(model_dir, Tokenizer.from_folder(model_dir))
     parent = multiprocessing.parent_process()
     try:
         executor = resolve_executor(engine_config.executor, engine_config.policy)
         if executor == "persistent":
-            run_persistent(ring, model_dir, engine_config, eos, stop, board, parent)
+            run_persistent(ring, model_dir, engine_config, eos, board, parent)
             return
         engine = LLMEngine(model_dir, replace(engine_config, executor=executor),
                            eos_token_ids=eos)
@@ -78,7 +80,7 @@ def run_engine(ring_name: str, model_dir: str, engine_config, stop, board: Engin
               f"{engine_config.num_kv_blocks} KV blocks x {engine_config.block_size} tokens, "
               f"max_num_seqs={engine_config.max_num_seqs}", file=sys.stderr, flush=True)
         loop = RingEngineLoop(ring, engine, idle_sleep_s=idle_sleep_s)
-        while not stop.value and parent.is_alive():  # an orphaned engine must not spin on
+        while not stop_requested(ring) and parent.is_alive():  # an orphan must not spin on
             worked = loop.run_once()
             board.publish(engine.stats())
             if not worked:
@@ -87,7 +89,7 @@ def run_engine(ring_name: str, model_dir: str, engine_config, stop, board: Engin
         ring.close()
 
 
-def run_persistent(ring, model_dir, engine_config, eos, stop, board, parent,
+def run_persistent(ring, model_dir, engine_config, eos, board, parent,
                    poll_s: float = 0.05) -> None:
     """The persistent executor: launch the scheduler kernel over the ring, then only watch.
     This loop makes no CUDA call: it reads the kernel's counters from host memory for the stats
@@ -107,7 +109,7 @@ def run_persistent(ring, model_dir, engine_config, eos, stop, board, parent,
           f"{describe()}, {engine_config.num_kv_blocks} KV blocks x {engine_config.block_size} "
           f"tokens, max_num_seqs={engine_config.max_num_seqs}", file=sys.stderr, flush=True)
     try:
-        while not stop.value and parent.is_alive() and executor.alive():
+        while not stop_requested(ring) and parent.is_alive() and executor.alive():
             counters = executor.stats()
             board.publish(EngineStats(
                 num_running=counters["running"], num_waiting=0,

@@ -9,8 +9,8 @@ The lifecycle of ``python -m blink_edu.serve``:
     4. SIGINT / SIGTERM: stop accepting connections, let in-flight requests finish (at most
        ``drain_s`` seconds), then tell the engine to stop, wait for it, unlink the ring
 
-The frontend and the engine share nothing but the ring (and the one-way stats board, see
-``engine_process.py``), so the same frontend could drive an engine in another process, on a
+The frontend and the engine share nothing but the ring (its words carry the stop request and
+the engine's stats too, see ``engine_process.py``), so the same frontend could drive an engine in another process, on a
 GPU, or — in Blink — a persistent kernel that polls the ring from device memory.
 """
 
@@ -29,7 +29,7 @@ from ..model.tokenizer import Tokenizer
 from ..ring.client import RingClient
 from ..ring.layout import Ring, RingLayout
 from .app import ServeSettings, create_app
-from .engine_process import EngineStatsBoard, run_engine
+from .engine_process import EngineStatsBoard, request_stop, run_engine
 from .health import EngineWatch
 
 
@@ -39,11 +39,10 @@ class EngineProcess:
     def __init__(self, model_dir: Path, engine_config: EngineConfig, layout: RingLayout):
         ctx = multiprocessing.get_context("spawn")  # a fresh interpreter: nothing shared by chance
         self.ring = Ring.create(layout)
-        self.board = EngineStatsBoard(ctx)
-        self.stop_flag = ctx.RawValue("i", 0)  # set to 1 to stop the engine (see run_engine)
+        self.board = EngineStatsBoard(self.ring)
         self.process = ctx.Process(
             target=run_engine, name="blink_edu-engine", daemon=True,
-            args=(self.ring.name, str(model_dir), engine_config, self.stop_flag, self.board))
+            args=(self.ring.name, str(model_dir), engine_config))
 
     def start(self) -> EngineWatch:
         self.process.start()
@@ -52,7 +51,7 @@ class EngineProcess:
 
     def stop(self, timeout_s: float = 10.0) -> None:
         """Ask the engine to stop; force it after ``timeout_s``; then destroy the ring."""
-        self.stop_flag.value = 1
+        request_stop(self.ring)
         self.process.join(timeout_s)
         if self.process.is_alive():
             self.process.kill()

@@ -9,7 +9,7 @@ from blink_edu.config import ModelConfig, SamplingParams
 from blink_edu.kernels.attention import paged_attention_kernel
 from blink_edu.kernels.elementwise import embed_tokens_kernel, swiglu_kernel
 from blink_edu.kernels.linear import GEMV_MAX_ROWS, linear_kernel, linear_work_items
-from blink_edu.kernels.reduce import THREADS, cuda, grid_for
+from blink_edu.kernels.reduce import THREADS, block_exclusive_sum, cuda, grid_for
 from blink_edu.kernels.rope import rope_and_write_kv_kernel
 from blink_edu.kernels.sampling import sample_rows_kernel
 from blink_edu.kernels.sampling import uniform as ks_uniform
@@ -166,3 +166,23 @@ def test_sampling_matches_reference(rng, case):
         dev(seeds), dev(counters), out)
     expected = [sample(logits[s], params, int(seeds[s]), int(counters[s])) for s in range(S)]
     assert out.copy_to_host().tolist() == expected
+
+
+@cuda.jit
+def exclusive_sum_kernel(values, before, totals):
+    """Each thread of one block: the sum of the values of the threads before it, and of all."""
+    scratch = cuda.shared.array(THREADS, np.int32)
+    b, t = block_exclusive_sum(values[cuda.threadIdx.x], scratch)
+    before[cuda.threadIdx.x] = b
+    totals[cuda.threadIdx.x] = t
+
+
+def test_block_exclusive_sum_matches_cumsum(rng):
+    """The block-wide scan the persistent kernel plans its steps with: warp shuffles on a GPU,
+    the serial form in the simulator; both against NumPy."""
+    values = rng.integers(0, 600, size=THREADS).astype(np.int32)
+    values[rng.random(THREADS) < 0.3] = 0  # lanes that run nothing this step
+    before, totals = np.zeros(THREADS, np.int32), np.zeros(THREADS, np.int32)
+    exclusive_sum_kernel[1, THREADS](values, before, totals)
+    np.testing.assert_array_equal(before, np.cumsum(values) - values)
+    assert (totals == values.sum()).all()
