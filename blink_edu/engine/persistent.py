@@ -28,7 +28,7 @@ import numpy as np
 from ..backend import get_backend
 from ..config import EngineConfig
 from ..kernels.reduce import THREADS, cuda
-from ..kernels.sync import read_globaltimer
+from ..kernels.sync import clock_handshake
 from ..kv.block_manager import blocks_needed
 from ..kv.pool import allocate_kv_pool
 from ..model.reference import rope_tables
@@ -128,19 +128,30 @@ class PersistentExecutor:
         sched[pk.S_CLOCK_OFFSET] = self._clock_offset_ns()
         return sched
 
-    def _clock_offset_ns(self) -> int:
+    def _clock_offset_ns(self, rounds: int = 9) -> int:
         """host ``time.monotonic_ns()`` minus the GPU's ``%globaltimer``, so that the kernel's
-        timestamps in the ring are on the frontend's clock."""
-        out = cuda.device_array(1, np.int64)
-        read_globaltimer[1, 1](out)  # compiles it: the timed launches below are not delayed
+        timestamps in the ring are on the frontend's clock. A handshake through mapped host memory
+        (``clock_handshake``): the GPU reads its clock between the host's go and the host seeing
+        it done, a PCIe round trip (a few µs) — not between a launch and a copy back, which are
+        tens of µs apart and lopsided. The tightest of ``rounds`` brackets wins."""
+        if self.backend.is_simulator:
+            return 0  # the simulator's GPU clock is time.monotonic_ns itself
+        words = host_words(3)  # (go, GPU clock, done), mapped host memory
         best = None
-        for _ in range(5):  # the tightest bracket of host times around the GPU's read wins
+        for _ in range(rounds + 1):  # the first round compiles the kernel: not counted
+            words.host[:] = 0
+            clock_handshake[1, 1](words.device)
+            time.sleep(200e-6)  # let the kernel start spinning
             before = time.monotonic_ns()
-            read_globaltimer[1, 1](out)
-            gpu = int(out.copy_to_host()[0])
+            words.host[0] = 1
+            deadline = time.monotonic() + 10
+            while words.host[2] == 0:
+                if time.monotonic() > deadline:
+                    raise TimeoutError("the GPU did not answer the clock handshake")
             after = time.monotonic_ns()
+            cuda.synchronize()
             if best is None or after - before < best[0]:
-                best = (after - before, (before + after) // 2 - gpu)
+                best = (after - before, (before + after) // 2 - int(words.host[1]))
         return best[1]
 
     # --- launch and stop -------------------------------------------------------------------

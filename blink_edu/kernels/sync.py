@@ -119,6 +119,17 @@ def read_globaltimer(out):
 
 
 @cuda.jit
+def clock_handshake(words):
+    """One thread, ``words`` in mapped host memory: wait for the host's go (words[0] != 0), read
+    the GPU clock into words[1], say done (words[2] = 1). The GPU's reading then lies between the
+    host's clock just before its go and just after it sees done: a PCIe round trip apart."""
+    while load_acquire(words, 0) == 0:
+        pause_ns(100)
+    words[1] = globaltimer_ns()
+    store_release(words, 2, 1)
+
+
+@cuda.jit
 def spin_for_ns(duration):
     """Keep one thread busy for ``duration`` ns: holds a stream so work can queue up behind it."""
     start = globaltimer_ns()
