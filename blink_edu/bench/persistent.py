@@ -336,7 +336,8 @@ def claim_seen_by_host_us(client: RingClient, rng, timeout_s: float = 10.0) -> f
     ``claim_ns`` rides on a GPU-to-host clock offset that drifts by tens of µs over a run)."""
     ring = client.ring
     slot = client.submit(rng.integers(3, 4000, size=8).tolist(),
-                         SamplingParams(temperature=0, max_tokens=2, ignore_eos=True))
+                         SamplingParams(temperature=0, max_tokens=2, ignore_eos=True),
+                         request_id=0)
     deadline = time.monotonic() + timeout_s
     while int(ring.state[slot]) == PREFILL_PENDING:  # x86: an aligned load is an acquire load
         if time.monotonic() > deadline:

@@ -45,8 +45,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .block_manager import (COPY_IN, COPY_OUT, DIRTY, DRAINING, SYNCED, BlockManager,
-                            blocks_needed)
+from .block_manager import (COPY_IN, COPY_OUT, DIRTY, DRAINING, NO_TRANSFER, SYNCED,
+                            BlockManager, blocks_needed)
 from .host_store import HostKVStore, OutOfHostBlocks
 from .transfer import DeviceTransport, NumpyTransport, Ticket, Transport
 
@@ -143,10 +143,17 @@ class RotationEngine:
 
     def flush(self) -> Ticket | None:
         """Issue one batched copy-out of every block queued by ``on_written`` (eager rotation).
-        Blocks for which the host has no room stay unmirrored; rotate-out moves them later."""
+        Blocks for which the host has no room stay unmirrored; rotate-out moves them later.
+        A block whose copy-in has not landed yet (on a GPU the model may already have filled it:
+        its kernels wait for the copy on the device) stays queued for a later flush."""
         wanted = [(s, i) for s, idx in self.pending_out.items() if s in self.blocks.tables
                   for i in sorted(idx) if i not in self.mirrored.get(s, ())]
         self.pending_out.clear()
+        busy = [(s, i) for s, i in wanted
+                if self.blocks.transfer[self.blocks.tables[s][i]] != NO_TRANSFER]
+        for s, i in busy:
+            self.pending_out.setdefault(s, set()).add(i)
+        wanted = [w for w in wanted if w not in busy]
         placed = [(s, i) for s, i in wanted if self._has_host_block(s, i)]
         unplaced = [(s, i) for s, i in wanted if not self._has_host_block(s, i)]
         fits = placed + unplaced[: self.host.num_free]

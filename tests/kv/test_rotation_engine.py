@@ -250,3 +250,32 @@ def test_device_transport_splits_a_ticket_over_its_staging_buffer(rng):
     transport.wait(transport.copy_in(host_ids, back))
     np.testing.assert_array_equal(device_pool.copy_to_host()[back], pool[gpu])
     assert [t.landed for t in transport.poll()] == [True, True]
+
+
+def test_a_block_filled_while_its_copy_in_is_in_flight_is_copied_out_after_it_lands(rng):
+    """On a GPU the model's kernels are ordered after a copy-in on the device (no wait on the
+    host), so a rotated-in request can fill a block before the host has seen that block's copy-in
+    land. Eager rotation must queue that block for a later flush, not copy it out of a block that
+    still has a copy in flight (found on the H200 by bench.slo --real)."""
+    world = World(rng, num_blocks=16, host_blocks=32, delay=2)
+    seq = world.new(3)
+    world.engine.rotate_out(seq)
+    world.engine.wait_all()
+    ticket = world.engine.rotate_in(seq)  # lands 2 ticks from now
+    transport = world.engine.transport
+    for _ in range(2):
+        transport.tick()
+    # The bytes land on the "device", as an event completes on a GPU; the engine has not
+    # polled the transport yet, so the block still counts as having a copy in flight.
+    ticket.landed = transport._try_land(ticket)
+    assert ticket.landed and world.blocks.transfer[world.blocks.block_table(seq)[0]] != 0
+    world.write(seq, 1)  # as the GPU would: the block fills before the host saw the copy land
+    assert world.engine.pending_out  # queued, not copied
+    world.engine.wait_all()
+    world.engine.flush()
+    world.engine.wait_all()
+    assert not world.engine.pending_out
+    assert world.engine.rotate_out(seq) == 0  # the full block was mirrored eagerly after all
+    world.engine.rotate_in(seq)
+    world.engine.wait_all()
+    world.assert_contents()
