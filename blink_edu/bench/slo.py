@@ -114,7 +114,9 @@ def _pts(v) -> str:
     return "-" if v is None else f"{v:+.1f} pts"
 
 
-def parse_rates(text: str) -> list[float]:
+def parse_rates(text: str):
+    if text == "auto":  # --real: the simulator chooses (slo_real.choose_rates)
+        return text
     rates = [float(x) for x in text.split(",") if x.strip()]
     if not rates or min(rates) <= 0:
         raise argparse.ArgumentTypeError(f"rates must be positive requests/s, got {text!r}")
@@ -129,7 +131,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     mode.add_argument("--real", action="store_true",
                       help="the engine on this machine, beside the simulator's prediction")
     ap.add_argument("--preset", default="qwen2.5-32b-gh200", choices=list(PRESETS))
-    ap.add_argument("--rates", type=parse_rates, default=None, help="req/s, comma-separated")
+    ap.add_argument("--rates", type=parse_rates, default=None,
+                    help="req/s, comma-separated; with --real also 'auto' (the simulator picks)")
     ap.add_argument("--policies", type=lambda s: s.split(","), default=None,
                     help=f"comma-separated, from {', '.join(POLICIES)}")
     ap.add_argument("--num-requests", type=int, default=None)
@@ -144,6 +147,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     for name in args.policies or ():
         if name not in POLICIES:
             ap.error(f"unknown policy {name!r}; choose from {', '.join(POLICIES)}")
+    if args.sim and args.rates == "auto":
+        ap.error("--rates auto is for --real (the simulator picks the real run's rates)")
     if args.real:
         from ..engine.llm_engine import default_executor
 

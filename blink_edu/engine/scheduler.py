@@ -70,6 +70,7 @@ class Scheduler:
         self.rotated: deque[Sequence] = deque()  # rotated out to host memory, oldest first
         self.num_preemptions = 0
         self.num_rotations = 0  # rotate-outs, by preemption or asked for
+        self.num_rotate_ins = 0
         self.preemption = config.preemption
         self.rotation = None  # a kv.rotation.RotationEngine, once attached
         # preemption="rotate": rotate sequences back in FCFS each step. A policy that decides
@@ -140,6 +141,7 @@ class Scheduler:
         if len(self.running) >= self.max_num_seqs:
             raise ValueError(f"{seq}: already max_num_seqs={self.max_num_seqs} sequences running")
         self.rotation.rotate_in(seq.seq_id)
+        self.num_rotate_ins += 1
         self.rotated.remove(seq)
         seq.status = SequenceStatus.RUNNING
         seq.run_start_time = time.monotonic()

@@ -64,6 +64,9 @@ class CostModel:
     per_context_token_s: float  # c: per token of KV read by attention
     block_bytes: int  # one KV block (all layers, K and V)
     link: BandwidthCurve
+    # host time per request the policy moves (preempt, rotate out, rotate in): bookkeeping on the
+    # host's critical path, added to the step, not overlapped (fitted by bench.slo --real)
+    per_move_s: float = 0.0
 
     def compute_s(self, batched_tokens: int, context_tokens: int) -> float:
         if batched_tokens <= 0:
@@ -74,10 +77,11 @@ class CostModel:
         return self.link.both_ways_s(blocks_in * self.block_bytes, blocks_out * self.block_bytes)
 
     def step_s(self, batched_tokens: int, context_tokens: int, blocks_in: int = 0,
-               blocks_out: int = 0) -> float:
-        """One iteration: compute and transfers overlap (cross-iteration pipeline)."""
-        return max(self.compute_s(batched_tokens, context_tokens),
-                   self.transfer_s(blocks_in, blocks_out))
+               blocks_out: int = 0, moves: int = 0) -> float:
+        """One iteration: compute and transfers overlap (cross-iteration pipeline); the host's
+        bookkeeping of ``moves`` requests changing state comes on top."""
+        return (max(self.compute_s(batched_tokens, context_tokens),
+                    self.transfer_s(blocks_in, blocks_out)) + self.per_move_s * moves)
 
 
 def kv_block_bytes(num_layers: int, num_kv_heads: int, head_dim: int, block_size: int,
