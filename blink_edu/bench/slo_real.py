@@ -96,6 +96,7 @@ def warm_up_iterations(weights, args, policy: str, rng) -> list[tuple[int, int, 
     tokens, requests moved, seconds). Seconds are the whole engine iteration (scheduler, policy,
     rotation bookkeeping and the model), which is what the simulator charges for a step."""
     engine = LLMEngine(weights, engine_config(args, policy))
+    warm_up(engine, weights, args, rng)
     timed = engine.executor = TimedExecutor(engine.executor)
     sched = engine.scheduler
     for spec in poisson_workload(24, 1e6, LENGTHS, args.seed + 1):
@@ -112,6 +113,17 @@ def warm_up_iterations(weights, args, policy: str, rng) -> list[tuple[int, int, 
             moved = sched.num_preemptions + sched.num_rotations + sched.num_rotate_ins - moved_before
             rows.append((tokens, context, moved, seconds))
     return rows
+
+
+def warm_up(engine: LLMEngine, weights, args, rng) -> None:
+    """Run a burst of requests through a fresh engine, unmeasured: the graph executor captures a
+    CUDA graph the first time it meets each batch size (hundreds of ms), which must not count
+    as serving time."""
+    for spec in poisson_workload(engine.config.max_num_seqs, 1e6, LENGTHS, args.seed + 2):
+        engine.add_request(rng.integers(3, weights.config.vocab_size, size=spec.prompt_len).tolist(),
+                           SamplingParams(temperature=0, max_tokens=spec.output_len, ignore_eos=True))
+    while engine.has_unfinished():
+        engine.step()
 
 
 def calibrate(weights, args, rng) -> Calibration:
@@ -168,6 +180,10 @@ def preset_for(weights, args, cal: Calibration) -> Preset:
 def run_engine(weights, args, policy: str, workload: list[RequestSpec], rng) -> list[MeasuredRequest]:
     """Replay ``workload`` on the engine in real time; per-request token times (seconds from start)."""
     engine = LLMEngine(weights, engine_config(args, policy))
+    warm_up(engine, weights, args, rng)
+    counters_before = {"preemptions": engine.scheduler.num_preemptions,
+                       "rotations": engine.scheduler.num_rotations,
+                       "steps": engine.stats().num_steps}
     prompts = {s.request_id: rng.integers(3, weights.config.vocab_size, size=s.prompt_len).tolist()
                for s in workload}
     measured = {s.request_id: MeasuredRequest(s) for s in workload}
@@ -194,6 +210,7 @@ def run_engine(weights, args, policy: str, workload: list[RequestSpec], rng) -> 
     sched = engine.scheduler
     counts = {"preemptions": sched.num_preemptions, "rotations": sched.num_rotations,
               "steps": engine.stats().num_steps}
+    counts = {k: v - counters_before[k] for k, v in counts.items()}  # the replay's own
     return list(measured.values()), counts
 
 
