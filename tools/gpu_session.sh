@@ -1,17 +1,40 @@
 #!/usr/bin/env bash
-# Everything the GPU machine is for, in one device call (its time is scarce: 30 min a session,
-# 10 min a call). Runs the GPU-relevant tests, then every GPU benchmark with a bounded time each;
-# logs and results land in $OUT (results via BLINK_EDU_RESULTS_DIR). Usage on the device machine:
-#   BLINK_EDU_COMMIT=<sha> bash tools/gpu_session.sh
+# Everything the GPU machine is for, in two device calls (its time is scarce: 30 min a session,
+# 10 min a call), each bounded: "kernels" runs the GPU-relevant tests and the persistent, KV
+# transfer and decode benchmarks; "serving" the server's load test and the real-engine SLO run.
+# Logs and results land in $OUT (results via BLINK_EDU_RESULTS_DIR). On the device machine:
+#   BLINK_EDU_COMMIT=<sha> bash tools/gpu_session.sh kernels
+#   BLINK_EDU_COMMIT=<sha> bash tools/gpu_session.sh serving
+# The server's packages (fastapi, starlette, uvicorn, pydantic and their needs) are not on the GPU
+# machine: fetch them here as cp312 wheels into .whl/ (git-ignored) and carry .whl with the call:
+#   python3 -m pip download --no-deps --only-binary=:all: --python-version 3.12 \
+#     --implementation cp --platform manylinux_2_17_x86_64 -d .whl fastapi starlette uvicorn \
+#     pydantic pydantic_core annotated-types typing-inspection typing_extensions opentelemetry-api
 set -uo pipefail
 cd "$(dirname "$0")/.."
-export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD" OUT="${OUT:-/tmp/out}"
+if compgen -G ".whl/*.whl" > /dev/null; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+    --target /tmp/site .whl/*.whl && export PYTHONPATH="/tmp/site${PYTHONPATH:+:$PYTHONPATH}"
+fi
+export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" OUT="${OUT:-/tmp/out}"
 export BLINK_EDU_RESULTS_DIR="$OUT"
 mkdir -p "$OUT"
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
+case "${1:-kernels}" in
+kernels)
 timeout 150 bash tools/run_gpu_tests.sh tests/kernels tests/engine tests/kv tests/sched \
   2>&1 | grep -v Warn | tee "$OUT/gpu_tests.log" | tail -8
 timeout 150 python3 -m blink_edu.bench.persistent --hog-seconds 20 2>&1 | tee "$OUT/persistent.log" | tail -16
 timeout 80 python3 -m blink_edu.bench.kv_transfer --budget-s 55 2>&1 | tee "$OUT/kv_transfer.log" | tail -16
 timeout 200 python3 -m blink_edu.bench.decode --out "$OUT" --hf-compile-timeout 30 2>&1 \
   | grep -v "Warn\|warn\|cudagraph" | tee "$OUT/decode.log" | tail -30
+;;
+serving)
+timeout 150 python3 -m blink_edu.bench.serve --start-server --single-stream \
+  --request-rates 25,50,100,200,inf --num-prompts 300 2>&1 | grep -v -i warn | tail -12
+cp bench/results/slo.json "$OUT/slo.json"  # --real merges into the simulator's results
+timeout 300 python3 -m blink_edu.bench.slo --real --executor graph --rates auto --num-requests 200 \
+  --policies fcfs,lvf,waiting-first,swapped-first --out "$OUT" --no-progress 2>&1 | tail -12
+;;
+*) echo "usage: $0 kernels|serving" >&2; exit 2 ;;
+esac
