@@ -9,8 +9,9 @@ the glue between it and the engine's ``Scheduler``:
    admission), then waiting (front first), then rotated out (oldest first); times are
    ``time.monotonic`` seconds, blocks come from the block manager;
 2. **decide** — ``policy.decide(view)``;
-3. **apply** — preempt (into the rotary state through DuplexKV when the sequence is decoding and
-   the host has room, else by recompute), rotate the admitted rotary ones back in, and put the
+3. **apply** — preempt (into the rotary state through DuplexKV when the sequence has cached
+   tokens — decoding, or part-way through its prompt — and the host has room, else by
+   recompute, which then loses nothing or only what did not fit), rotate the admitted rotary ones back in, and put the
    admitted waiting ones at the front of the queue. The scheduler's token-budget code then runs
    as always, admitting from the waiting queue only the sequences the policy admitted.
 
@@ -64,13 +65,13 @@ def apply(scheduler, decision: Decision, by_id: dict[int, Sequence]) -> set[int]
         scheduler.preempt_by_recompute(by_id[sid])
     for sid in decision.preempt_rotary:
         seq = by_id[sid]
-        if scheduler.rotation is not None and seq.is_decoding:
+        if scheduler.rotation is not None and seq.num_cached_tokens > 0:
             try:
                 scheduler.rotate_out(seq)
                 continue
             except OutOfHostBlocks:
                 pass
-        scheduler.running.remove(seq)  # mid-prompt (or no room on the host): recompute
+        scheduler.running.remove(seq)  # nothing cached yet (or no room on the host): recompute
         scheduler.preempt_by_recompute(seq)
     admitted_waiting = []
     for sid in decision.admit:

@@ -124,11 +124,13 @@ class Scheduler:
 
     # --- rotation: the mechanism a policy drives (between steps) -------------------------------
     def rotate_out(self, seq: Sequence) -> int:
-        """Move a running, decoding sequence's K/V to host memory; its GPU blocks are freed
-        (each as soon as its copy lands). Returns the blocks copied now: with eager rotation at
-        most its dirty tail. OutOfHostBlocks (nothing changed) if the host arena is full."""
-        if seq not in self.running or not seq.is_decoding:
-            raise ValueError(f"{seq}: only a running, decoding sequence can be rotated out")
+        """Move a running sequence's K/V to host memory; its GPU blocks are freed (each as soon
+        as its copy lands). It may be part-way through its prompt: rotated back in, it goes on
+        from the tokens it had cached (a recompute would throw them away). Returns the blocks
+        copied now: with eager rotation at most its dirty tail. OutOfHostBlocks (nothing
+        changed) if the host arena is full."""
+        if seq not in self.running or seq.num_cached_tokens == 0:
+            raise ValueError(f"{seq}: only a running sequence with cached tokens can be rotated out")
         moved = self._rotate_out(seq)
         self.running.remove(seq)
         return moved
@@ -238,6 +240,8 @@ class Scheduler:
     def _schedule_prompts(self, scheduled: list[Sequence], budget: int, admit_new: bool) -> None:
         """Fill the rest of the budget with prompt chunks, FCFS, up to the first that cannot run."""
         for seq in [s for s in self.running if not s.is_decoding]:
+            if not self._ready(seq):
+                continue  # rotated in part-way through its prompt, its copy-in still in flight
             chunk = self._prompt_chunk(seq, budget)
             if chunk == 0:
                 return

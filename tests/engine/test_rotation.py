@@ -95,11 +95,13 @@ def test_random_rotations_by_a_policy_keep_the_tokens(weights, seed, delay, p_ou
     rng = np.random.default_rng(seed)
     prompts = prompts_for(rng, weights.config.vocab_size, n=4, longest=10)
     params = SamplingParams(temperature=0, max_tokens=10, ignore_eos=True)
-    engine = rotating_engine(weights, delay, block_size=2, num_kv_blocks=48)
+    # 3 tokens a step: prompts are prefilled in chunks, so sequences are rotated out part-way
+    # through their prompts too, and must go on from what they had cached
+    engine = rotating_engine(weights, delay, block_size=2, num_kv_blocks=48, max_num_batched_tokens=3)
     engine.scheduler.resume_rotated = False  # the "policy" below decides every rotate-in
 
     def policy(scheduler):
-        for seq in [s for s in scheduler.running if s.is_decoding]:
+        for seq in [s for s in scheduler.running if s.num_cached_tokens > 0]:
             if rng.random() < p_out:
                 scheduler.rotate_out(seq)
                 assert seq.status is SequenceStatus.ROTATED
@@ -114,11 +116,30 @@ def test_random_rotations_by_a_policy_keep_the_tokens(weights, seed, delay, p_ou
     assert drive(engine, prompts, params, policy) == reference.generate(weights, prompts, params)
 
 
-def test_rotate_out_refuses_a_sequence_that_is_not_decoding(weights, rng):
+def test_rotate_out_mid_prompt_goes_on_from_the_cached_tokens(weights, rng):
+    prompt = rng.integers(3, 100, size=9).tolist()
+    params = SamplingParams(temperature=0, max_tokens=4, ignore_eos=True)
     engine = rotating_engine(weights, block_size=4, num_kv_blocks=16, max_num_batched_tokens=4)
-    engine.add_request(rng.integers(3, 100, size=9).tolist(), SamplingParams(max_tokens=2))
+    engine.add_request(prompt, params)
     engine.step()  # the first chunk of 4 of its 9 prompt tokens
-    with pytest.raises(ValueError, match="decoding"):
+    seq = engine.scheduler.running[0]
+    engine.scheduler.rotate_out(seq)
+    engine.scheduler.rotation.wait_all()
+    engine.scheduler.rotate_in(seq)
+    assert seq.num_cached_tokens == 4  # nothing recomputed
+    tokens = []
+    while engine.has_unfinished():
+        tokens += [out.token_id for out in engine.step()]
+    assert tokens == reference.generate(weights, [prompt], params)[0]
+    assert engine.stats().num_steps == 1 + 2 + 3  # 4 + 4 + 1 prompt tokens, then 3 decodes
+
+
+def test_rotate_out_refuses_a_sequence_with_nothing_cached(weights, rng):
+    engine = rotating_engine(weights, block_size=4, num_kv_blocks=16)
+    engine.add_request(rng.integers(3, 100, size=9).tolist(), SamplingParams(max_tokens=2))
+    engine.scheduler.waiting[0].status = SequenceStatus.RUNNING  # admitted, no step run yet
+    engine.scheduler.running.append(engine.scheduler.waiting.popleft())
+    with pytest.raises(ValueError, match="cached"):
         engine.scheduler.rotate_out(engine.scheduler.running[0])
 
 
