@@ -284,11 +284,11 @@ class Scheduler:
             raise RuntimeError(f"{seq}: a block this step writes is being copied out")
 
     def _preempt(self, seq: Sequence) -> None:
-        """Preemption: by rotation when asked for and possible (a decoding sequence, room on the
+        """Preemption: by rotation when asked for and possible (tokens cached, room on the
         host), else by recompute: drop its K/V; it keeps its tokens, refills the cache later."""
         self.num_preemptions += 1
         seq.num_preemptions += 1
-        if self.preemption == "rotate" and self.rotation is not None and seq.is_decoding:
+        if self.preemption == "rotate" and self.rotation is not None and seq.num_cached_tokens > 0:
             try:
                 self._rotate_out(seq)
                 return
