@@ -74,8 +74,11 @@ def test_preemption_by_rotation_keeps_the_tokens(weights, rng, delay):
     assert drive(engine, prompts, params) == reference.generate(weights, prompts, params)
     rotation = engine.scheduler.rotation
     assert engine.scheduler.num_rotations > 0 and rotation.blocks_copied[COPY_OUT] > 0
+    # eager: a rotate-out copies at most the request's dirty tail, and nothing at all when its
+    # last block is full (already mirrored) -- so there may be fewer copies than rotations
     rotate_outs = [r for r in rotation.history if r.reason == "rotate-out"]
-    assert rotate_outs and all(r.num_blocks <= 1 for r in rotate_outs)  # eager: the tail only
+    assert len(rotate_outs) <= engine.scheduler.num_rotations
+    assert all(r.num_blocks <= 1 for r in rotate_outs)
 
 
 def test_seeded_sampling_survives_rotation(weights, rng):
