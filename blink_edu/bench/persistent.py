@@ -358,6 +358,27 @@ def scan_and_claim(executor, client, rng, n=30) -> dict:
                 claim_clock="host: submit to the state word seen leaving PREFILL_PENDING")
 
 
+def positive_ints(text: str) -> list[int]:
+    try:
+        values = [int(v) for v in text.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
+    if min(values) < 1:
+        raise argparse.ArgumentTypeError(f"grid sizes must be >= 1, got {text!r}")
+    return values
+
+
+def executor_names(text: str) -> list[str]:
+    names = text.split(",")
+    for name in names:
+        base, _, blocks = name.partition("@")
+        grid_ok = not blocks or (base == "persistent" and blocks.isdigit() and int(blocks) >= 1)
+        if base not in ("eager", "graph", "persistent") or not grid_ok:
+            raise argparse.ArgumentTypeError(f"unknown executor {name!r}: eager, graph, persistent "
+                                             f"or persistent@N")
+    return names
+
+
 def main(argv=None) -> int:
     from ..backend import get_backend
     from ..generate import stop_ids
@@ -367,9 +388,10 @@ def main(argv=None) -> int:
     parser.add_argument("--batches", default="1,8,64")
     parser.add_argument("--prompt-len", type=int, default=16)
     parser.add_argument("--max-tokens", type=int, default=32)
-    parser.add_argument("--executors", default="eager,graph,persistent")
+    parser.add_argument("--executors", default="eager,graph,persistent", type=executor_names,
+                        help="eager, graph, persistent, or persistent@N (N blocks), comma-separated")
     parser.add_argument("--hog-seconds", type=float, default=60, help="0: no CPU-hog runs")
-    parser.add_argument("--barrier-grids", default="",
+    parser.add_argument("--barrier-grids", default=[], type=positive_ints,
                         help="e.g. 16,33,66,132: time one grid barrier at these grid sizes")
     parser.add_argument("--skip-sigstop", action="store_true")
     parser.add_argument("--out", default=None)
@@ -387,7 +409,7 @@ def main(argv=None) -> int:
     os.sched_setaffinity(0, {frontend_cpu})  # the frontend: this thread, on its own core
     rng = np.random.default_rng(0)
     results, table = {}, []
-    for name in args.executors.split(","):
+    for name in args.executors:
         ring = Ring(bytearray(LAYOUT.nbytes), LAYOUT)
         client = RingClient(ring)
         persistent = name.startswith("persistent")
@@ -432,7 +454,7 @@ def main(argv=None) -> int:
     print_table(table, ["executor", "batch", "ttft_us", "tpot_us", "sched_us", "forward_us",
                         "publish_us", "hog_tpot_us", "inflation"])
     if args.barrier_grids:
-        results["grid_barrier"] = grid_barrier_costs([int(g) for g in args.barrier_grids.split(",")])
+        results["grid_barrier"] = grid_barrier_costs(args.barrier_grids)
         print("grid barrier, µs each:", results["grid_barrier"], flush=True)
     if not args.skip_sigstop:
         results["sigstop"] = sigstop_demo(folder, EngineConfig(

@@ -99,9 +99,7 @@ def warm_up_iterations(weights, args, policy: str, rng) -> list[tuple[int, int, 
     warm_up(engine, weights, args, rng)
     timed = engine.executor = TimedExecutor(engine.executor)
     sched = engine.scheduler
-    for spec in poisson_workload(24, 1e6, LENGTHS, args.seed + 1):
-        engine.add_request(rng.integers(3, weights.config.vocab_size, size=spec.prompt_len).tolist(),
-                           SamplingParams(temperature=0, max_tokens=spec.output_len, ignore_eos=True))
+    add_burst(engine, weights, 24, args.seed + 1, rng)
     rows = []
     while engine.has_unfinished():
         moved_before = sched.num_preemptions + sched.num_rotations + sched.num_rotate_ins
@@ -115,13 +113,18 @@ def warm_up_iterations(weights, args, policy: str, rng) -> list[tuple[int, int, 
     return rows
 
 
+def add_burst(engine: LLMEngine, weights, n: int, seed: int, rng) -> None:
+    """``n`` requests of the experiment's lengths, all at once (random prompts, greedy)."""
+    for spec in poisson_workload(n, 1e6, LENGTHS, seed):
+        engine.add_request(rng.integers(3, weights.config.vocab_size, size=spec.prompt_len).tolist(),
+                           SamplingParams(temperature=0, max_tokens=spec.output_len, ignore_eos=True))
+
+
 def warm_up(engine: LLMEngine, weights, args, rng) -> None:
     """Run a burst of requests through a fresh engine, unmeasured: the graph executor captures a
     CUDA graph the first time it meets each batch size (hundreds of ms), which must not count
     as serving time."""
-    for spec in poisson_workload(engine.config.max_num_seqs, 1e6, LENGTHS, args.seed + 2):
-        engine.add_request(rng.integers(3, weights.config.vocab_size, size=spec.prompt_len).tolist(),
-                           SamplingParams(temperature=0, max_tokens=spec.output_len, ignore_eos=True))
+    add_burst(engine, weights, engine.config.max_num_seqs, args.seed + 2, rng)
     while engine.has_unfinished():
         engine.step()
 
@@ -168,7 +171,8 @@ def preset_for(weights, args, cal: Calibration) -> Preset:
         cost=CostModel(fixed_s=cal.a, per_token_s=cal.b, per_context_token_s=cal.c,
                        block_bytes=block_bytes, link=link_for(args.executor), per_move_s=cal.d),
         num_gpu_blocks=args.kv_blocks, max_num_seqs=16, max_num_batched_tokens=256,
-        transfer_budget_blocks=args.kv_blocks, lengths=LENGTHS, rates=() if args.rates == "auto" else tuple(args.rates),
+        transfer_budget_blocks=args.kv_blocks, lengths=LENGTHS,
+        rates=() if args.rates == "auto" else tuple(args.rates),
         num_requests=args.num_requests, ttft_slo_s=50 * tbt, tbt_slo_s=tbt,
         sources={"step_time": f"fitted on this machine: a={cal.a * 1e3:.2f} ms, b="
                               f"{cal.b * 1e6:.1f} us/token, c={cal.c * 1e9:.1f} ns/context token, "

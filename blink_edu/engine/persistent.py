@@ -38,9 +38,9 @@ from ..ring.placement import host_words, map_ring_for_gpu
 from . import persistent_kernel as pk
 from .kernel_executor import MATRICES, fused_layer
 
-RING_FIELDS = ("state", "doorbell", "engine_heartbeat", "arrival_ns", "claim_ns", "first_token_ns", "last_token_ns",
-               "prompt_len", "max_tokens", "top_k", "seed", "temperature", "top_p", "stop_ids",
-               "ignore_eos", "cancel", "generated", "finish_reason", "prompt_tokens",
+RING_FIELDS = ("state", "doorbell", "engine_heartbeat", "arrival_ns", "claim_ns", "first_token_ns",
+               "last_token_ns", "prompt_len", "max_tokens", "top_k", "seed", "temperature", "top_p",
+               "stop_ids", "ignore_eos", "cancel", "generated", "finish_reason", "prompt_tokens",
                "output_tokens")  # in the kernel's argument order
 
 
@@ -167,8 +167,8 @@ class PersistentExecutor:
                 b["token_ids"], b["positions"], b["seq_rows"], b["logit_rows"],
                 b["step_temperature"], b["step_top_p"], b["step_top_k"], b["step_seeds"],
                 b["counters"], b["tokens"], b["row_lane"],
-                s["lanes"], s["lane_sampling"], s["lane_stop_ids"], s["block_tables"], s["free_blocks"], s["free_top"], s["sched"],
-                s["candidates"], self.budget, self.max_model_len,
+                s["lanes"], s["lane_sampling"], s["lane_stop_ids"], s["block_tables"],
+                s["free_blocks"], s["free_top"], s["sched"], s["candidates"], self.budget, self.max_model_len,
                 int(self.ring_mapping.in_device_memory))
 
     def start(self) -> None:

@@ -23,6 +23,7 @@ from dataclasses import replace
 
 from ..ring.layout import ENGINE_STATS, Ring
 
+
 class EngineStatsBoard:
     """The ring's ``engine_stats`` words by name (``EngineStats``): the engine writes, the
     frontend reads. ``published`` = 0 until the engine's first write."""
@@ -63,7 +64,6 @@ def run_engine(ring_name: str, model_dir: str, engine_config, idle_sleep_s: floa
     from ..engine.ring_loop import RingEngineLoop
     from ..generate import stop_ids
     from ..model.tokenizer import Tokenizer
-    from ..ring.layout import Ring
 
     ring = Ring.attach(ring_name)
     board = EngineStatsBoard(ring)
