@@ -40,12 +40,18 @@ def run(engine: LLMEngine, arrivals: list[tuple[int, list[int], SamplingParams]]
 
 @pytest.mark.parametrize("policy", POLICIES)
 def test_every_policy_gives_the_reference_tokens_under_memory_pressure(weights, policy, rng):
-    arrivals = [(int(rng.integers(0, 12)), rng.integers(3, 120, size=int(rng.integers(2, 14))).tolist(),
-                 SamplingParams(temperature=0.8 if i % 3 == 0 else 0, seed=i, ignore_eos=True,
-                                max_tokens=int(rng.integers(4, 12))))
-                for i in range(10)]
+    def arrival(i: int, step: int, prompt_len: int, max_tokens: int):
+        return (step, rng.integers(3, 120, size=prompt_len).tolist(),
+                SamplingParams(temperature=0.8 if i % 3 == 0 else 0, seed=i, ignore_eos=True,
+                               max_tokens=max_tokens))
+
+    # 10 blocks of 4 tokens. Two requests of 14 + 11 tokens at step 0 need 7 blocks each at
+    # their end, so whatever the random rest does, the policy must preempt or rotate (a fully
+    # random workload sometimes fit, seed 3706530902).
+    arrivals = [arrival(i, 0, 14, 11) for i in range(2)]
+    arrivals += [arrival(i, int(rng.integers(0, 12)), int(rng.integers(2, 14)), int(rng.integers(4, 12)))
+                 for i in range(2, 10)]
     arrivals.sort(key=lambda a: a[0])  # request ids follow the order of adding
-    # 10 blocks of 4 tokens: a few requests at a time, so the policy must preempt and rotate.
     engine = LLMEngine(weights, EngineConfig(block_size=4, num_kv_blocks=10, max_num_seqs=4,
                                              max_num_batched_tokens=16, preemption="rotate",
                                              policy=policy))
