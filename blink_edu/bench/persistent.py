@@ -5,7 +5,9 @@ Issue 5; Blink §5 (CPU interference) and §7; DESIGN.md §9 (making the experim
 1. **scan** — the persistent kernel's time to scan a 4096-slot ring (from its doorbell snapshot to
    the end of the grid barrier after the scan, read from the kernel's own counters);
 2. **submit-to-claim** — ``claim_ns - arrival_ns`` of single requests (median, P99);
-3. **TTFT and TPOT** at batch 1, 8 and 64 for the eager, graph and persistent executors, all fed
+3. **TTFT and TPOT** at batch 1, 8 and 64 for the eager and graph executors and the persistent
+   kernel with both dispatchers (``persistent``: inline; ``persistent-graph``: a forward graph
+   launched from the GPU each step, ``engine/graph_dispatch.py``), all fed
    through the same ring by the same frontend (this process's main thread), timestamps written by
    the engine (the GPU clock for the persistent kernel, lined up with the host's);
 4. the same under a **CPU hog**: one busy process per core on every core but the frontend's (where
@@ -73,7 +75,8 @@ class HostLoop:
 
 
 class Persistent:
-    """The persistent kernel; ``name`` "persistent" (one block per SM) or "persistent@N" (N blocks)."""
+    """The persistent kernel; ``name`` "persistent" (inline dispatch, one block per SM),
+    "persistent@N" (inline, N blocks) or "persistent-graph" (device-graph dispatch)."""
 
     def __init__(self, name, weights, engine_config, ring, eos):
         from ..engine.persistent import PersistentExecutor
@@ -83,7 +86,8 @@ class Persistent:
         grid_blocks = int(name.split("@")[1]) if "@" in name else None
         self.executor = PersistentExecutor(weights, engine_config, ring, eos_token_ids=eos,
                                            weight_dtype=kernel_weight_dtype(weights, engine_config),
-                                           grid_blocks=grid_blocks)
+                                           grid_blocks=grid_blocks,
+                                           dispatch="graph" if name == "persistent-graph" else "inline")
 
     def start(self):
         self.executor.start()
@@ -314,8 +318,10 @@ def summary_of(results: dict) -> dict:
     persistent = results.get("persistent", {})
     scan_claim, placements = persistent.get("scan_claim", {}), persistent.get("scan_placements", {})
     return dict(
-        dispatcher="persistent-inline",  # every persistent figure: the cooperative megakernel
-        dispatchers_not_measured=["persistent-device-graph"],
+        # "persistent" figures: inline dispatch (the cooperative megakernel); "persistent-graph":
+        # the one-block scheduler launching a forward graph per step from the GPU
+        dispatcher="persistent-inline",
+        dispatchers_measured=[n for n in ("persistent", "persistent-graph") if n in results],
         scan_4096_us=placements.get("mapped_host_scan_us"),  # the raw scan, ring as served
         scan_4096_device_memory_us=placements.get("device_scan_us"),
         scan_4096_in_loop_us=scan_claim.get("scan_us_median"),  # + a grid barrier and a clock
@@ -323,6 +329,10 @@ def summary_of(results: dict) -> dict:
         claim_latency_p99_us=scan_claim.get("claim_us_p99"),
         persistent_tpot_over_graph_b1=ratio(tpot("persistent", 1), tpot("graph", 1)),
         persistent_interference_inflation=ratio(tpot("persistent", 1, "hog"), tpot("persistent", 1)),
+        persistent_graph_tpot_over_graph_b1=ratio(tpot("persistent-graph", 1), tpot("graph", 1)),
+        persistent_graph_tpot_over_inline_b1=ratio(tpot("persistent-graph", 1), tpot("persistent", 1)),
+        persistent_graph_interference_inflation=ratio(tpot("persistent-graph", 1, "hog"),
+                                                      tpot("persistent-graph", 1)),
         eager_interference_inflation=ratio(tpot("eager", 1, "hog"), tpot("eager", 1)),
         graph_interference_inflation=ratio(tpot("graph", 1, "hog"), tpot("graph", 1)),
         sigstop_passed=results.get("sigstop", {}).get("passed"),
@@ -373,9 +383,9 @@ def executor_names(text: str) -> list[str]:
     for name in names:
         base, _, blocks = name.partition("@")
         grid_ok = not blocks or (base == "persistent" and blocks.isdigit() and int(blocks) >= 1)
-        if base not in ("eager", "graph", "persistent") or not grid_ok:
-            raise argparse.ArgumentTypeError(f"unknown executor {name!r}: eager, graph, persistent "
-                                             f"or persistent@N")
+        if base not in ("eager", "graph", "persistent", "persistent-graph") or not grid_ok:
+            raise argparse.ArgumentTypeError(f"unknown executor {name!r}: eager, graph, persistent, "
+                                             f"persistent@N or persistent-graph")
     return names
 
 
@@ -388,8 +398,10 @@ def main(argv=None) -> int:
     parser.add_argument("--batches", default="1,8,64")
     parser.add_argument("--prompt-len", type=int, default=16)
     parser.add_argument("--max-tokens", type=int, default=32)
-    parser.add_argument("--executors", default="eager,graph,persistent", type=executor_names,
-                        help="eager, graph, persistent, or persistent@N (N blocks), comma-separated")
+    parser.add_argument("--executors", default="eager,graph,persistent,persistent-graph",
+                        type=executor_names,
+                        help="eager, graph, persistent (inline dispatch), persistent@N (N blocks) "
+                             "or persistent-graph (device-graph dispatch), comma-separated")
     parser.add_argument("--hog-seconds", type=float, default=60, help="0: no CPU-hog runs")
     parser.add_argument("--barrier-grids", default=[], type=positive_ints,
                         help="e.g. 16,33,66,132: time one grid barrier at these grid sizes")
@@ -424,8 +436,10 @@ def main(argv=None) -> int:
                 before = runner.executor.stats() if persistent else None
                 entry["quiet"][b] = summarize(run_batch(client, b, args.prompt_len, args.max_tokens, rng))
                 if persistent:
-                    entry["quiet"][b].update(phase_split(before, runner.executor.stats()),
-                                             grid_blocks=runner.executor.grid_blocks)
+                    after = runner.executor.stats()
+                    entry["quiet"][b].update(phase_split(before, after),
+                                             grid_blocks=runner.executor.grid_blocks,
+                                             relaunches=after["relaunches"] - before["relaunches"])
                 print(f"  {name:14s} B={b:3d} quiet  {entry['quiet'][b]}", flush=True)
             if name == "persistent":
                 entry["scan_claim"] = scan_and_claim(runner.executor, client, rng)
@@ -449,7 +463,6 @@ def main(argv=None) -> int:
                               hog_tpot_us=h and h["tpot_us"],
                               inflation=h and h["tpot_us"] / q["tpot_us"]))
         results[name] = entry
-    results["persistent_device_graph"] = {"status": "not implemented (see issue 5 notes)"}
     print()
     print_table(table, ["executor", "batch", "ttft_us", "tpot_us", "sched_us", "forward_us",
                         "publish_us", "hog_tpot_us", "inflation"])

@@ -1,17 +1,20 @@
 """The persistent executor, host side: set the kernel up, launch it once, stay out of the way.
 
 Blink §3 ("Host loads model + captures CUDA graphs at startup, then exits" the loop) and §7;
-DESIGN.md §2 (the *persistent* executor, inline dispatch). The kernel itself is
-``persistent_kernel.py``; this module
+DESIGN.md §2 (the *persistent* executor). Two dispatchers run a step's forward pass:
+``dispatch="inline"`` — inside the one cooperative kernel (``persistent_kernel.py``), or
+``dispatch="graph"`` — a one-block scheduler kernel that launches a captured CUDA graph per step
+from the GPU (``graph_dispatch.py``, GPU only). This module
 
 1. uploads the weights with every per-layer matrix stacked on a leading layer axis (the kernel
    loops over layers; it cannot receive a Python list of per-layer arrays);
 2. allocates the KV pool, the activations (for ``max_num_batched_tokens`` tokens), the flat-batch
    arrays and the scheduler's own state (lanes, block tables, free-block stack);
 3. makes the ring visible to the GPU (``ring/placement.py``);
-4. launches the kernel — as a cooperative launch of as many blocks as fit on the GPU at once (grid
-   barriers need every block resident), on its own non-blocking stream; in Numba's simulator with
-   one block, in a background thread, since a simulated launch returns only when the kernel does;
+4. launches the kernel — inline: as a cooperative launch of as many blocks as fit on the GPU at
+   once (grid barriers need every block resident), on its own non-blocking stream; in Numba's
+   simulator with one block, in a background thread, since a simulated launch returns only when
+   the kernel does. Graph: captures the forward graphs and the scheduler's own graph, launches it;
 5. on ``stop()``: raises the stop flag in host memory that the kernel polls, and waits.
 
 Between ``start()`` and ``stop()`` the host makes no CUDA call: ``stats()`` reads plain host
@@ -68,12 +71,19 @@ class PersistentExecutor:
     ``eos_token_ids``: ids that finish a request unless it sets ``ignore_eos``."""
 
     name = "persistent"
+    DISPATCHERS = ("inline", "graph")
 
     def __init__(self, weights: ModelWeights, engine_config: EngineConfig, ring: Ring,
                  eos_token_ids=(), weight_dtype=np.float32, max_model_len: int | None = None,
-                 grid_blocks: int | None = None):
+                 grid_blocks: int | None = None, dispatch: str = "inline"):
         cfg = self.config = weights.config
         self.backend = get_backend()
+        if dispatch not in self.DISPATCHERS:
+            raise ValueError(f"unknown dispatcher {dispatch!r}: {' or '.join(self.DISPATCHERS)}")
+        if dispatch == "graph" and self.backend.is_simulator:
+            raise RuntimeError("the device-graph dispatcher needs a GPU (Numba's simulator has no "
+                               "CUDA graphs); use dispatch='inline'")
+        self.dispatch = dispatch
         self.ring = ring
         self.max_model_len = min(max_model_len or engine_config.max_model_len
                                  or cfg.max_position_embeddings, cfg.max_position_embeddings)
@@ -121,6 +131,7 @@ class PersistentExecutor:
         self.grid_blocks = grid_blocks
         self._thread: threading.Thread | None = None
         self._stream = None
+        self._graphs = None  # graph dispatch: the ForwardGraphs and the scheduler's own graph
         self.error: BaseException | None = None
 
     def _initial_sched(self) -> np.ndarray:
@@ -185,13 +196,42 @@ class PersistentExecutor:
             return
         import cupy
 
+        self._stream = cupy.cuda.Stream(non_blocking=True)  # never the legacy default stream
+        if self.dispatch == "graph":
+            self._start_graph_dispatch()
+            return
         kernel = pk.persistent_scheduler_kernel
         compiled = kernel.compile(tuple(kernel.typeof_pyval(a) for a in args))
         fitting = compiled.max_cooperative_grid_blocks(THREADS)
         sms = cuda.get_current_device().MULTIPROCESSOR_COUNT
         self.grid_blocks = min(self.grid_blocks or sms, fitting)
-        self._stream = cupy.cuda.Stream(non_blocking=True)  # never the legacy default stream
         kernel[self.grid_blocks, THREADS, cuda.external_stream(self._stream.ptr)](*args)
+
+    def _start_graph_dispatch(self) -> None:
+        """Capture the forward graphs, then the one-block scheduler kernel's launch as a graph of
+        its own (device launches must come from a kernel in a graph), and launch that."""
+        from . import graph_dispatch as gd
+
+        b, s = self.buffers, self.scheduler_state
+        forward = gd.ForwardGraphs(self.model, {**b, "block_tables": s["block_tables"]},
+                                   self.config, self.budget, b["logits"].shape[0],
+                                   self._stream.ptr)
+        args = (*[self.ring_mapping.views[name] for name in RING_FIELDS], self.control.device,
+                self.model["eos_ids"], b["token_ids"], b["positions"], b["seq_rows"],
+                b["logit_rows"], b["step_temperature"], b["step_top_p"], b["step_top_k"],
+                b["step_seeds"], b["counters"], b["tokens"], b["row_lane"],
+                s["lanes"], s["lane_sampling"], s["lane_stop_ids"], s["block_tables"],
+                s["free_blocks"], s["free_top"], s["sched"], s["candidates"],
+                forward.sizes, forward.done, forward.execs, forward.bucket_tokens,
+                self.config.vocab_size, self.model["kv_pool"].shape[3], self.budget,
+                self.max_model_len, int(self.ring_mapping.in_device_memory))
+        kernel = gd.graph_dispatch_scheduler_kernel
+        kernel.compile(tuple(kernel.typeof_pyval(a) for a in args))  # not inside the capture
+        stream = cuda.external_stream(self._stream.ptr)
+        scheduler = gd.capture_device_graph(self._stream.ptr, lambda: kernel[1, THREADS, stream](*args))
+        self._graphs = (forward, scheduler)
+        self.grid_blocks = 1
+        gd.launch_graph(scheduler[1], self._stream.ptr)
 
     def _run_simulated(self, args) -> None:
         try:
@@ -221,7 +261,12 @@ class PersistentExecutor:
                 time.sleep(1e-3)
             self._stream.synchronize()  # raises if the kernel faulted
             self._stream = None
+            self._destroy_graphs()
             self.ring_mapping.release()
+        error = int(self.control.host[pk.C_DISPATCH_ERROR])
+        if error:
+            raise RuntimeError(f"the scheduler kernel's device-side graph launch failed: "
+                               f"cudaError_t {error}")
         if self.error is not None:
             raise RuntimeError("the persistent kernel failed") from self.error
 
@@ -232,4 +277,14 @@ class PersistentExecutor:
                     claimed=int(c[pk.C_CLAIMED]), last_scan_ns=int(c[pk.C_SCAN_NS]),
                     scans=int(c[pk.C_SCANS]), running=int(c[pk.C_RUNNING]),
                     free_blocks=int(c[pk.C_FREE_BLOCKS]), schedule_ns=int(c[pk.C_SCHEDULE_NS]),
-                    forward_ns=int(c[pk.C_FORWARD_NS]), publish_ns=int(c[pk.C_PUBLISH_NS]))
+                    forward_ns=int(c[pk.C_FORWARD_NS]), publish_ns=int(c[pk.C_PUBLISH_NS]),
+                    relaunches=int(c[pk.C_RELAUNCHES]), dispatch_error=int(c[pk.C_DISPATCH_ERROR]))
+
+    def _destroy_graphs(self) -> None:
+        if self._graphs is not None:
+            from .graph_dispatch import destroy_graphs
+
+            forward, scheduler = self._graphs
+            forward.destroy()
+            destroy_graphs([scheduler])
+            self._graphs = None

@@ -56,15 +56,12 @@ from __future__ import annotations
 
 from numba import int32, int64
 
-from ..kernels.attention import paged_attention
-from ..kernels.elementwise import embed_tokens, swiglu
-from ..kernels.linear import linear
 from ..kernels.reduce import THREADS, block_exclusive_sum, cuda
-from ..kernels.rope import rope_and_write_kv
-from ..kernels.sampling import lowbias32, sample_rows
+from ..kernels.sampling import lowbias32
 from ..kernels.sync import globaltimer_ns, load_acquire, pause_ns, store_release
 from ..ring.layout import (DECODE_COMPLETED, DECODE_PROCESSING, FINISH_ABORT, FINISH_ERROR,
                            FINISH_LENGTH, FINISH_STOP, PREFILL_PENDING, PREFILL_PROCESSING)
+from .forward_ops import forward
 
 MAX_CANDIDATES = 64  # pending slots one scan can note; more wait for the next scan
 
@@ -79,10 +76,12 @@ NUM_LANE_FIELDS = 14
 NUM_SCHED_WORDS = 20
 # control[word]: shared with the host (mapped memory); the kernel only writes them, except the
 # stop flag. The *_NS words are cumulative GPU time of the phases of every step that ran the
-# model: A+B (reads, scan, schedule and their barriers), C (forward), D (publish).
+# model: A+B (reads, scan, schedule and their barriers), C (forward), D (publish). The last two
+# are the device-graph dispatcher's (graph_dispatch.py): its tail self-relaunches, and the CUDA
+# error of a device-side launch that failed (the kernel then ends).
 (C_STOP, C_STEPS, C_SCAN_NS, C_SCANS, C_CLAIMED, C_RUNNING, C_FREE_BLOCKS,
- C_SCHEDULE_NS, C_FORWARD_NS, C_PUBLISH_NS) = range(10)
-NUM_CONTROL_WORDS = 10
+ C_SCHEDULE_NS, C_FORWARD_NS, C_PUBLISH_NS, C_RELAUNCHES, C_DISPATCH_ERROR) = range(12)
+NUM_CONTROL_WORDS = 12
 CANDIDATES_SHAPE = (MAX_CANDIDATES,)
 IDLE_SLEEP_NS = 2000
 
@@ -377,40 +376,7 @@ def seed_of(seed, slot):
     return int64(lowbias32(globaltimer_ns() ^ int64(slot)))
 
 
-# --- C: forward (every block) -------------------------------------------------------------------
-@cuda.jit(device=True)
-def forward(T, R, embed, attn_norm, w_qkv, b_qkv, w_o, b_o, mlp_norm, w_gate_up, b_gate_up,
-            w_down, b_down, final_norm, lm_head, no_norm, eps, cos, sin, kv_pool, num_heads,
-            num_kv_heads, x, qkv, attn, gate_up, act, logits, all_rows, token_ids, positions,
-            seq_rows, block_tables, logit_rows, step_temperature, step_top_p, step_top_k,
-            step_seeds, counters, tokens):
-    """The model over T tokens and R sampled rows, every op a device function, a barrier after
-    each (the next op reads what every block wrote)."""
-    blk, nb = cuda.blockIdx.x, cuda.gridDim.x
-    rows = all_rows[:T]
-    embed_tokens(embed, token_ids[:T], x[:T], blk, nb)
-    grid_sync()
-    for i in range(w_qkv.shape[0]):
-        linear(x[:T], rows, attn_norm[i], eps, w_qkv[i], b_qkv[i], qkv[:T], 0, blk, nb)
-        grid_sync()
-        rope_and_write_kv(qkv[:T], positions[:T], seq_rows[:T], block_tables, cos, sin, kv_pool,
-                          i, num_heads, num_kv_heads, blk, nb)
-        grid_sync()
-        paged_attention(qkv[:T], positions[:T], seq_rows[:T], block_tables, kv_pool, i,
-                        num_heads, num_kv_heads, attn[:T], blk, nb)
-        grid_sync()
-        linear(attn[:T], rows, no_norm, eps, w_o[i], b_o[i], x[:T], 1, blk, nb)
-        grid_sync()
-        linear(x[:T], rows, mlp_norm[i], eps, w_gate_up[i], b_gate_up[i], gate_up[:T], 0, blk, nb)
-        grid_sync()
-        swiglu(gate_up[:T], act[:T], blk, nb)
-        grid_sync()
-        linear(act[:T], rows, no_norm, eps, w_down[i], b_down[i], x[:T], 1, blk, nb)
-        grid_sync()
-    linear(x[:T], logit_rows[:R], final_norm, eps, lm_head, no_norm, logits[:R], 0, blk, nb)
-    grid_sync()
-    sample_rows(logits[:R], step_temperature[:R], step_top_p[:R], step_top_k[:R], step_seeds[:R],
-                counters[:R], tokens[:R], blk, nb)
+# --- C: forward (every block): engine/forward_ops.py ------------------------------------------
 
 
 # --- D: publish (block 0) -----------------------------------------------------------------------
@@ -469,7 +435,71 @@ def stop_reason(token, lane, lanes, lane_stop_ids, eos_ids, max_model_len):
     return 0
 
 
-# --- the kernel ---------------------------------------------------------------------------------
+# --- the phases, shared by both dispatchers ---------------------------------------------------
+@cuda.jit(device=True)
+def read_host_words(sched, doorbell, control, engine_heartbeat, lanes, cancel, state,
+                    finish_reason, block_tables, free_blocks, free_top):
+    """A (block 0): the host's words, all loads in flight at once. The doorbell snapshot: a
+    frontend makes its slot PENDING before it rings, so a scan sees every slot rung so far."""
+    if cuda.threadIdx.x == 0:
+        sched[S_STEP_START] = globaltimer_ns()
+        sched[S_DOORBELL_NOW] = load_acquire(doorbell, 0)
+        sched[S_STOP] = load_acquire(control, C_STOP)
+        sched[S_BEATS] += 1
+        store_release(engine_heartbeat, 0, sched[S_BEATS])  # the frontend's /health
+    finish_cancelled(lanes, cancel, state, finish_reason, block_tables, free_blocks, free_top)
+
+
+@cuda.jit(device=True)
+def schedule_step(state, arrival_ns, claim_ns, prompt_len, max_tokens, seed, temperature, top_p,
+                  top_k, stop_ids, ignore_eos, prompt_tokens, finish_reason, lanes, lane_sampling,
+                  lane_stop_ids, block_tables, free_blocks, free_top, sched, control, candidates,
+                  token_ids, positions, seq_rows, logit_rows, step_temperature, step_top_p,
+                  step_top_k, step_seeds, counters, row_lane, vocab_size, output_tokens_width,
+                  budget, max_model_len, block_size, ring_in_device_memory):
+    """B (block 0): admit what the scan noted, plan the step, write its flat batch."""
+    tid = cuda.threadIdx.x
+    if tid == 0 and sched[S_CANDIDATES] > 0:
+        sched[S_SCANS] += 1
+        sched[S_SCAN_NS] = globaltimer_ns() - sched[S_SCAN_START]
+    if admit_candidates(state, arrival_ns, claim_ns, prompt_len, max_tokens, seed, temperature,
+                        top_p, top_k, stop_ids, ignore_eos, prompt_tokens, finish_reason, lanes,
+                        lane_sampling, lane_stop_ids, block_tables, free_blocks, free_top, sched,
+                        control, candidates, vocab_size, output_tokens_width, max_model_len,
+                        block_size, ring_in_device_memory):
+        if tid == 0 and sched[S_CANDIDATES] <= MAX_CANDIDATES:
+            sched[S_DOORBELL_SEEN] = sched[S_DOORBELL_NOW]  # all admitted: no rescan
+    cuda.syncthreads()
+    if tid == 0:
+        sched[S_CANDIDATES] = 0
+    prompts_left = plan_step(lanes, sched, budget)
+    fill_step(lanes, lane_sampling, prompts_left, prompt_tokens, token_ids, positions, seq_rows,
+              logit_rows, step_temperature, step_top_p, step_top_k, step_seeds, counters,
+              row_lane)
+
+
+@cuda.jit(device=True)
+def publish_step(lanes, lane_stop_ids, tokens, row_lane, R, state, output_tokens, generated,
+                 first_token_ns, last_token_ns, finish_reason, eos_ids, block_tables, free_blocks,
+                 free_top, max_model_len, sched, control):
+    """D (block 0): publish the step's tokens, then the counters the host reads."""
+    publish_start = globaltimer_ns()
+    running = publish(lanes, lane_stop_ids, tokens, row_lane, R, state, output_tokens, generated,
+                      first_token_ns, last_token_ns, finish_reason, eos_ids, block_tables,
+                      free_blocks, free_top, max_model_len, publish_start + sched[S_CLOCK_OFFSET])
+    if cuda.threadIdx.x == 0:
+        count_step(sched, control, running, free_top[0], publish_start)
+
+
+@cuda.jit(device=True)
+def idle(sched):
+    """Nothing to run: count it and nap (thread 0), so that an idle ring costs little power."""
+    if cuda.threadIdx.x == 0:
+        sched[S_IDLE] += 1
+        pause_ns(IDLE_SLEEP_NS)
+
+
+# --- the kernel (inline dispatch) ---------------------------------------------------------------
 @cuda.jit
 def persistent_scheduler_kernel(
         # the ring (host memory mapped into the GPU, or device memory)
@@ -487,59 +517,35 @@ def persistent_scheduler_kernel(
         candidates, budget, max_model_len, ring_in_device_memory):
     tid = cuda.threadIdx.x
     leader = cuda.blockIdx.x == 0
-    n_threads = cuda.gridDim.x * THREADS
-    thread = cuda.blockIdx.x * THREADS + tid
-    block_size = kv_pool.shape[3]
     while True:
-        # A: the host's words (block 0), all loads in flight at once. The doorbell snapshot: a
-        # frontend makes its slot PENDING before it rings, so the scan sees every slot rung so far.
-        if leader:
-            if tid == 0:
-                sched[S_STEP_START] = globaltimer_ns()
-                sched[S_DOORBELL_NOW] = load_acquire(doorbell, 0)
-                sched[S_STOP] = load_acquire(control, C_STOP)
-                sched[S_BEATS] += 1
-                store_release(engine_heartbeat, 0, sched[S_BEATS])  # the frontend's /health
-            finish_cancelled(lanes, cancel, state, finish_reason, block_tables, free_blocks,
-                             free_top)
+        if leader:  # A
+            read_host_words(sched, doorbell, control, engine_heartbeat, lanes, cancel, state,
+                            finish_reason, block_tables, free_blocks, free_top)
         grid_sync()
         # every block decides from the same snapshot: all of them scan (and meet after), or none
         if sched[S_DOORBELL_NOW] != sched[S_DOORBELL_SEEN]:
             if leader and tid == 0:
                 sched[S_SCAN_START] = globaltimer_ns()
-            scan_ring(state, sched, candidates, thread, n_threads)
+            scan_ring(state, sched, candidates, cuda.blockIdx.x * THREADS + tid,
+                      cuda.gridDim.x * THREADS)
             grid_sync()
-        # B: schedule (block 0)
-        if leader:
-            if tid == 0 and sched[S_CANDIDATES] > 0:
-                sched[S_SCANS] += 1
-                sched[S_SCAN_NS] = globaltimer_ns() - sched[S_SCAN_START]
-            if admit_candidates(state, arrival_ns, claim_ns, prompt_len, max_tokens, seed,
-                                temperature, top_p, top_k, stop_ids, ignore_eos, prompt_tokens,
-                                finish_reason, lanes, lane_sampling, lane_stop_ids, block_tables,
-                                free_blocks, free_top, sched, control, candidates,
-                                embed.shape[0], output_tokens.shape[1], max_model_len, block_size,
-                                ring_in_device_memory):
-                if tid == 0 and sched[S_CANDIDATES] <= MAX_CANDIDATES:
-                    sched[S_DOORBELL_SEEN] = sched[S_DOORBELL_NOW]  # all admitted: no rescan
-            cuda.syncthreads()
-            if tid == 0:
-                sched[S_CANDIDATES] = 0
-            prompts_left = plan_step(lanes, sched, budget)
-            fill_step(lanes, lane_sampling, prompts_left, prompt_tokens, token_ids, positions,
-                      seq_rows, logit_rows, step_temperature, step_top_p, step_top_k, step_seeds,
-                      counters, row_lane)
+        if leader:  # B
+            schedule_step(state, arrival_ns, claim_ns, prompt_len, max_tokens, seed, temperature,
+                          top_p, top_k, stop_ids, ignore_eos, prompt_tokens, finish_reason, lanes,
+                          lane_sampling, lane_stop_ids, block_tables, free_blocks, free_top, sched,
+                          control, candidates, token_ids, positions, seq_rows, logit_rows,
+                          step_temperature, step_top_p, step_top_k, step_seeds, counters,
+                          row_lane, embed.shape[0], output_tokens.shape[1], budget,
+                          max_model_len, kv_pool.shape[3], ring_in_device_memory)
         grid_sync()
         if sched[S_STOP] != 0:
             return
         T, R = sched[S_TOKENS], sched[S_ROWS]
         if T == 0:
-            if leader and tid == 0:
-                sched[S_IDLE] += 1
-                pause_ns(IDLE_SLEEP_NS)
+            if leader:
+                idle(sched)
             continue
-        # C: forward (every block)
-        if leader and tid == 0:
+        if leader and tid == 0:  # C: forward (every block)
             sched[S_FORWARD_START] = globaltimer_ns()
         forward(T, R, embed, attn_norm, w_qkv, b_qkv, w_o, b_o, mlp_norm, w_gate_up,
                 b_gate_up, w_down, b_down, final_norm, lm_head, no_norm, eps, cos, sin, kv_pool,
@@ -547,15 +553,10 @@ def persistent_scheduler_kernel(
                 positions, seq_rows, block_tables, logit_rows, step_temperature, step_top_p,
                 step_top_k, step_seeds, counters, tokens)
         grid_sync()
-        # D: publish (block 0)
-        if leader:
-            publish_start = globaltimer_ns()
-            running = publish(lanes, lane_stop_ids, tokens, row_lane, R, state, output_tokens,
-                              generated, first_token_ns, last_token_ns, finish_reason, eos_ids,
-                              block_tables, free_blocks, free_top, max_model_len,
-                              publish_start + sched[S_CLOCK_OFFSET])
-            if tid == 0:
-                count_step(sched, control, running, free_top[0], publish_start)
+        if leader:  # D
+            publish_step(lanes, lane_stop_ids, tokens, row_lane, R, state, output_tokens,
+                         generated, first_token_ns, last_token_ns, finish_reason, eos_ids,
+                         block_tables, free_blocks, free_top, max_model_len, sched, control)
 
 
 @cuda.jit(device=True)

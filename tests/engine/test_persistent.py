@@ -39,10 +39,13 @@ def weights():
     return random_weights(ModelConfig.from_dict(MICRO), seed=3, scale=0.4)
 
 
+DISPATCHERS = ["inline", pytest.param("graph", marks=pytest.mark.gpu)]
+
+
 @contextmanager
-def running(weights, eos=()):
+def running(weights, eos=(), dispatch="inline"):
     ring = Ring(bytearray(LAYOUT.nbytes), LAYOUT)
-    executor = PersistentExecutor(weights, CONFIG, ring, eos_token_ids=eos)
+    executor = PersistentExecutor(weights, CONFIG, ring, eos_token_ids=eos, dispatch=dispatch)
     executor.start()
     try:
         yield ring, RingClient(ring), executor
@@ -58,14 +61,15 @@ def assert_all_free(ring: Ring, executor: PersistentExecutor):
     assert (state["lanes"].copy_to_host()[:, pk.L_SLOT] == -1).all()
 
 
-def test_greedy_and_seeded_tokens_equal_the_reference(weights, rng):
+@pytest.mark.parametrize("dispatch", DISPATCHERS)
+def test_greedy_and_seeded_tokens_equal_the_reference(weights, rng, dispatch):
     prompts = [rng.integers(3, 64, size=n).tolist() for n in (11, 3, 6)]
     params = [SamplingParams(temperature=0, max_tokens=4, ignore_eos=True),
               SamplingParams(temperature=0.9, top_k=20, top_p=0.9, seed=int(rng.integers(2**31)),
                              max_tokens=5, ignore_eos=True),
               SamplingParams(temperature=0, max_tokens=3, ignore_eos=True)]
     expected = reference.generate(weights, prompts, params, block_size=CONFIG.block_size)
-    with running(weights) as (ring, client, executor):
+    with running(weights, dispatch=dispatch) as (ring, client, executor):
         slots = [client.submit(p, q, request_id=i) for i, (p, q) in enumerate(zip(prompts, params))]
         done = client.collect(slots, TIMEOUT_S)
         assert [done[s] for s in slots] == [(e, "length") for e in expected]
@@ -121,3 +125,35 @@ def test_frontend_threads_submit_and_cancel(weights, data):
             assert cancel and tokens == full[:len(tokens)]
         else:
             assert (tokens, reason) == (full, "length")
+
+
+@pytest.mark.gpu
+def test_device_graph_dispatch_relaunches_itself_and_keeps_the_tokens(weights, rng):
+    """Waves of requests run for more steps than one execution of the scheduler graph may launch
+    forward graphs (graph_dispatch.MAX_LAUNCHES): it must tail-launch itself and carry on."""
+    from blink_edu.engine.graph_dispatch import MAX_LAUNCHES
+
+    greedy = SamplingParams(temperature=0, max_tokens=LAYOUT.max_output_tokens, ignore_eos=True)
+    waves = [[rng.integers(3, 64, size=int(rng.integers(1, 12))).tolist() for _ in range(6)]
+             for _ in range(8)]  # 48 requests of 6 tokens on 2 lanes: ~150 steps
+    with running(weights, dispatch="graph") as (ring, client, executor):
+        for prompts in waves:
+            slots = [client.submit(p, greedy, request_id=i) for i, p in enumerate(prompts)]
+            done = client.collect(slots, TIMEOUT_S)
+            expected = reference.generate(weights, prompts, greedy, block_size=CONFIG.block_size)
+            assert [done[s] for s in slots] == [(e, "length") for e in expected]
+        stats = executor.stats()
+        assert stats["steps"] > MAX_LAUNCHES and stats["relaunches"] >= stats["steps"] // MAX_LAUNCHES
+        assert stats["dispatch_error"] == 0
+        assert_all_free(ring, executor)
+
+
+def test_the_dispatcher_choice_is_checked(weights):
+    from blink_edu.backend import get_backend
+
+    ring = Ring(bytearray(LAYOUT.nbytes), LAYOUT)
+    with pytest.raises(ValueError, match="unknown dispatcher"):
+        PersistentExecutor(weights, CONFIG, ring, dispatch="nope")
+    if get_backend().is_simulator:  # no CUDA graphs there
+        with pytest.raises(RuntimeError, match="needs a GPU"):
+            PersistentExecutor(weights, CONFIG, ring, dispatch="graph")
