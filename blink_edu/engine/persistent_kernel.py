@@ -18,14 +18,19 @@ The kernel is launched once and loops until the host raises a stop flag. One ite
                                blocks are free; plan this step: decodes first, then prompt chunks
                                within the token budget (a thread per lane, a block-wide scan)
        ---- grid barrier ----
-    C  every block   forward   the model over the step's flat batch (the same device functions the
-                               eager and graph executors launch one by one), then sampling
+    C  every block   forward   the model over the step's flat batch, then sampling: the op list of
+                               ``forward_ops.py``, the device functions the eager and graph
+                               executors launch one by one, a grid barrier after each op
     D  block 0       publish   each new token into the ring: arena, then the `generated` counter
                                (release), then the state; stop rules; finished lanes free blocks
 
 Words the host writes (the ring's states, doorbell, cancel flags, the stop flag) are read with
 ``load_acquire``; words the host reads are published with ``store_release`` (kernels/sync.py).
 The host thread that launched the kernel makes no CUDA call while it runs.
+
+A, B and D are device functions (``read_host_words``, ``schedule_step``, ``publish_step``) that the
+other dispatcher's one-block scheduler kernel calls too (``graph_dispatch.py``: it launches C as a
+CUDA graph from the GPU instead of running it).
 
 **Lanes.** The batch has ``S`` lanes (``max_num_seqs``); a claimed request occupies one until it
 finishes. ``lanes[s]`` holds its ring slot, tokens cached, tokens known, prompt length, admission

@@ -1,0 +1,38 @@
+"""The forward pass as an op list (engine/forward_ops.py) and the device-graph dispatcher's host
+side (engine/graph_dispatch.py): the order every dispatcher runs, the grids a graph is captured
+with, the token buckets. (The ops themselves run against the reference in test_persistent.py.)"""
+
+from __future__ import annotations
+
+import pytest
+
+from blink_edu.engine import forward_ops as fo
+from blink_edu.engine.graph_dispatch import token_buckets
+from blink_edu.kernels.linear import linear_work_items
+
+
+@pytest.mark.parametrize("num_layers", [1, 2, 8])
+def test_op_list_is_embed_then_seven_per_layer_then_head_and_sample(num_layers):
+    ops = [fo.op_of(k, num_layers) for k in range(fo.num_ops(num_layers))]
+    layer_ops = [fo.QKV, fo.ROPE_KV, fo.ATTENTION, fo.O_PROJ, fo.GATE_UP, fo.SWIGLU, fo.DOWN]
+    expected = ([(fo.EMBED, 0)] + [(op, i) for i in range(num_layers) for op in layer_ops]
+                + [(fo.LM_HEAD, 0), (fo.SAMPLE, 0)])
+    assert ops == expected
+    assert len(fo.OP_NAMES) == fo.SAMPLE + 1
+
+
+def test_a_graph_has_blocks_for_the_largest_step_of_its_bucket_on_either_linear_path():
+    # 64 tokens take the tiled path, a 1-token decode the GEMV path: a graph captured for 64
+    # tokens serves both, so it must have enough blocks for whichever needs more
+    grid = fo.op_grid(fo.QKV, max_tokens=64, max_rows=16, num_heads=8, out_features=512)
+    assert grid >= min(1024, max(linear_work_items(64, 512), linear_work_items(1, 512))) or grid == 1
+    assert fo.op_grid(fo.SAMPLE, 64, 16, 8, 0) >= 1
+
+
+@pytest.mark.parametrize("budget, expected", [(1, [1]), (8, [1, 2, 4, 8]), (48, [1, 2, 4, 8, 16, 32, 48]),
+                                              (256, [1, 2, 4, 8, 16, 32, 64, 128, 256])])
+def test_token_buckets_cover_every_step_size(budget, expected):
+    buckets = token_buckets(budget)
+    assert buckets == expected
+    for t in range(1, budget + 1):  # the kernel takes the first bucket >= T
+        assert any(b >= t for b in buckets)
