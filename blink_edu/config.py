@@ -244,7 +244,10 @@ class SamplingParams:
         return self.temperature == 0
 
 
-EXECUTORS = ("auto", "reference", "eager", "graph", "persistent")
+# "persistent": Blink's scheduler kernel, the forward pass inline; "persistent-graph": the same
+# kernel launching a CUDA graph per step from the GPU (engine/graph_dispatch.py).
+EXECUTORS = ("auto", "reference", "eager", "graph", "persistent", "persistent-graph")
+PERSISTENT_EXECUTORS = ("persistent", "persistent-graph")
 POLICY_NAMES = ("fcfs", "lvf", "waiting-first", "swapped-first")  # sched/policies.py's POLICIES
 
 
@@ -290,7 +293,7 @@ class EngineConfig:
                              f"{', '.join(POLICY_NAMES)}")
         if self.executor not in EXECUTORS:
             raise ValueError(f"unknown executor {self.executor!r}; choose from {', '.join(EXECUTORS)}")
-        if self.executor == "persistent" and self.policy != "fcfs":
+        if self.executor in PERSISTENT_EXECUTORS and self.policy != "fcfs":
             raise ValueError(f"policy {self.policy!r} needs a host-driven executor (reference, "
                              f"eager or graph): the persistent kernel admits FCFS and never "
                              f"preempts")

@@ -26,7 +26,7 @@ from typing import NamedTuple
 import numpy as np
 
 from ..backend import get_backend
-from ..config import EngineConfig, SamplingParams
+from ..config import PERSISTENT_EXECUTORS, EngineConfig, SamplingParams
 from ..kv.rotation import make_rotation_engine
 from ..model.weights import ModelWeights, load_weights
 from .reference_executor import ReferenceExecutor
@@ -83,10 +83,10 @@ def make_executor(name: str, weights: ModelWeights, engine_config: EngineConfig)
 
         cls = EagerExecutor if name == "eager" else GraphExecutor
         return cls(weights, engine_config, weight_dtype=kernel_weight_dtype(weights, engine_config))
-    if name == "persistent":
-        raise ValueError("the persistent executor owns the serving loop on the GPU and serves a "
-                         "ring, not LLMEngine.step(): use python -m blink_edu.serve --executor "
-                         "persistent, or engine.persistent.PersistentExecutor with a Ring")
+    if name in PERSISTENT_EXECUTORS:
+        raise ValueError(f"the {name} executor owns the serving loop on the GPU and serves a "
+                         f"ring, not LLMEngine.step(): use python -m blink_edu.serve --executor "
+                         f"{name}, or engine.persistent.PersistentExecutor with a Ring")
     raise ValueError(f"unknown executor {name!r}; choose reference, eager or graph")
 
 

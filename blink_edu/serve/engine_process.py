@@ -21,6 +21,7 @@ import sys
 import time
 from dataclasses import replace
 
+from ..config import PERSISTENT_EXECUTORS
 from ..ring.layout import ENGINE_STATS, Ring
 
 
@@ -71,8 +72,9 @@ def run_engine(ring_name: str, model_dir: str, engine_config, idle_sleep_s: floa
     parent = multiprocessing.parent_process()
     try:
         executor = resolve_executor(engine_config.executor, engine_config.policy)
-        if executor == "persistent":
-            run_persistent(ring, model_dir, engine_config, eos, board, parent)
+        if executor in PERSISTENT_EXECUTORS:
+            run_persistent(ring, model_dir, engine_config, eos, board, parent,
+                           dispatch="graph" if executor == "persistent-graph" else "inline")
             return
         engine = LLMEngine(model_dir, replace(engine_config, executor=executor),
                            eos_token_ids=eos)
@@ -89,7 +91,7 @@ def run_engine(ring_name: str, model_dir: str, engine_config, idle_sleep_s: floa
         ring.close()
 
 
-def run_persistent(ring, model_dir, engine_config, eos, board, parent,
+def run_persistent(ring, model_dir, engine_config, eos, board, parent, dispatch: str = "inline",
                    poll_s: float = 0.05) -> None:
     """The persistent executor: launch the scheduler kernel over the ring, then only watch.
     This loop makes no CUDA call: it reads the kernel's counters from host memory for the stats
@@ -103,9 +105,11 @@ def run_persistent(ring, model_dir, engine_config, eos, board, parent,
 
     weights = load_weights(model_dir)
     executor = PersistentExecutor(weights, engine_config, ring, eos_token_ids=eos,
-                                  weight_dtype=kernel_weight_dtype(weights, engine_config))
+                                  weight_dtype=kernel_weight_dtype(weights, engine_config),
+                                  dispatch=dispatch)
     executor.start()
-    print(f"blink_edu.serve engine: executor=persistent ({executor.grid_blocks} blocks), "
+    print(f"blink_edu.serve engine: executor=persistent, {dispatch} dispatch "
+          f"({executor.grid_blocks} blocks), "
           f"{describe()}, {engine_config.num_kv_blocks} KV blocks x {engine_config.block_size} "
           f"tokens, max_num_seqs={engine_config.max_num_seqs}", file=sys.stderr, flush=True)
     try:

@@ -157,3 +157,13 @@ def test_the_dispatcher_choice_is_checked(weights):
     if get_backend().is_simulator:  # no CUDA graphs there
         with pytest.raises(RuntimeError, match="needs a GPU"):
             PersistentExecutor(weights, CONFIG, ring, dispatch="graph")
+
+
+@pytest.mark.parametrize("executor", ["persistent", "persistent-graph"])
+def test_a_persistent_executor_serves_a_ring_and_admits_fcfs_only(weights, executor):
+    from blink_edu.engine.llm_engine import make_executor
+
+    with pytest.raises(ValueError, match="needs a host-driven executor"):
+        EngineConfig(executor=executor, policy="lvf")
+    with pytest.raises(ValueError, match="serves a ring"):
+        make_executor(executor, weights, EngineConfig(executor=executor))
