@@ -28,7 +28,9 @@ def parse_args(argv=None) -> argparse.Namespace:
                         "folder's name)")
     p.add_argument("--executor", default="auto",
                    choices=EXECUTORS,
-                   help="who runs each step (auto: the backend picks)")
+                   help="who runs each step (auto: the backend picks; persistent: the scheduler "
+                        "kernel runs the model inline; persistent-graph: it launches a CUDA graph "
+                        "per step from the GPU)")
     p.add_argument("--policy", default="fcfs", choices=POLICY_NAMES,
                    help="scheduling under memory pressure: fcfs (recompute preemption, vLLM v1), "
                         "lvf (SuperInfer's Largest-VLT-First, KV rotated to host memory), "
