@@ -24,7 +24,7 @@ case "${1:-kernels}" in
 kernels)
 timeout 150 bash tools/run_gpu_tests.sh tests/kernels tests/engine tests/kv tests/sched \
   2>&1 | grep -v Warn | tee "$OUT/gpu_tests.log" | tail -8
-timeout 150 python3 -m blink_edu.bench.persistent --hog-seconds 20 2>&1 | tee "$OUT/persistent.log" | tail -16
+timeout 240 python3 -m blink_edu.bench.persistent --hog-seconds 20 2>&1 | tee "$OUT/persistent.log" | tail -16
 timeout 80 python3 -m blink_edu.bench.kv_transfer --budget-s 55 2>&1 | tee "$OUT/kv_transfer.log" | tail -16
 timeout 200 python3 -m blink_edu.bench.decode --out "$OUT" --hf-compile-timeout 30 2>&1 \
   | grep -v "Warn\|warn\|cudagraph" | tee "$OUT/decode.log" | tail -30
