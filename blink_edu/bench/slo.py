@@ -141,7 +141,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--no-plot", action="store_true")
     ap.add_argument("--executor", default=None,
                     help="--real: reference (CPU) or graph (GPU); default: the backend's")
-    ap.add_argument("--kv-blocks", type=int, default=40, help="--real: the engine's KV pool")
+    ap.add_argument("--kv-blocks", type=int, default=96, help="--real: the engine's KV pool")
+    ap.add_argument("--calibration-requests", type=int, default=24,
+                    help="--real: requests in each calibration burst")
     ap.add_argument("--no-progress", action="store_true")
     args = ap.parse_args(argv)
     for name in args.policies or ():

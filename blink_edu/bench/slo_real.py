@@ -2,16 +2,25 @@
 prediction of that very run beside it (issue #8; SuperInfer §5; DESIGN.md §9).
 
 The real engine is ``LLMEngine`` with the bundled model and a KV pool small enough to force
-preemption and rotation (DuplexKV, ``preemption="rotate"``). On this machine it runs the NumPy
-reference executor on the CPU; on a GPU the graph executor (``--executor``). The experiment:
+preemption. On this machine it runs the NumPy reference executor on the CPU; on a GPU the graph
+executor (``--executor``). Each policy runs as the simulator runs it: FCFS preempts by recompute
+(vLLM v1, SuperInfer's baseline), the RotaSched policies rotate through DuplexKV
+(``preemption="rotate"``, with a host arena that never refuses a rotation, as the simulator's
+host never does), and they get the same SLOs and transfer budget as the simulator's copy.
+The experiment:
 
-1. **calibrate** the simulator's step-time model on this machine and executor: time every step
-   of a warm-up run, fit ``step = a + b * batched tokens + c * context tokens``;
+1. **calibrate** the simulator's step-time model on this machine and executor: replay a burst
+   (every request at t=0) under FCFS and under LVF with the very loop that the measured runs use
+   (``replay``), and fit ``iteration = a + b * batched tokens + c * context tokens + d * requests
+   moved`` over every iteration that ran the model -- an iteration being everything the loop
+   does from one model step to the next (arrivals, scheduling, policy, rotations, the model,
+   handing tokens out), which is what the simulator charges for a step;
 2. build a preset from it (the same KV pool, block size, batch limits; SLOs scaled to the step as
-   the paper's are: S_B = 5 a, S_F = 50 S_B);
+   the paper's are: S_B = 5 x the median iteration, S_F = 50 S_B; the paper's transfer budget
+   scaled to our pool by its ratio to the paper's pool);
 3. for each rate and policy, replay one seeded Poisson workload with ShareGPT-like log-normal
-   lengths (``sim.workload``) on the engine in real time — requests are added when their arrival
-   time comes, token times are taken as the engine returns them — and in the simulator;
+   lengths (``sim.workload``) on the engine in real time -- requests are added when their arrival
+   time comes, token times are taken as the engine returns them -- and in the simulator;
 4. score both with the same definitions (``sim.metrics``) and report the relative error of the
    simulator's median TTFT and median TPOT against the measurement (``sim_vs_real_error``: the
    largest of them over every policy and rate).
@@ -19,26 +28,32 @@ reference executor on the CPU; on a GPU the graph executor (``--executor``). The
 
 from __future__ import annotations
 
+import math
 import statistics
 import time
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 import numpy as np
 
 from ..config import EngineConfig, SamplingParams
-from ..engine.llm_engine import LLMEngine
+from ..engine.llm_engine import LLMEngine, make_executor
+from ..kv.block_manager import blocks_needed
 from ..kv.pool import block_nbytes
 from ..model.bundled import resolve_model_dir
 from ..model.weights import load_weights
 from ..sim.costs import BandwidthCurve, CostModel
 from ..sim.metrics import meets_tbt, meets_ttft, tpot, ttft
-from ..sim.presets import PCIE_H200, Preset
+from ..sim.presets import PCIE_H200, Preset, qwen_gh200
 from ..sim.simulator import simulate
 from ..sim.workload import LengthModel, RequestSpec, poisson_workload
-from ..sched.policies import make_policy
+from ..sched.policies import POLICIES, make_policy
+from ..sched.vlt import RotaSchedConfig
 
-LENGTHS = LengthModel(input_mean=48, input_sigma=0.6, output_mean=40, output_sigma=0.6,
-                      max_model_len=256)
+#: Long enough outputs for rotation to pay (a request rotated out keeps its KV, one recomputed
+#: redoes it all); at most 512 tokens: the bundled model's max_position_embeddings.
+LENGTHS = LengthModel(input_mean=64, input_sigma=0.6, output_mean=160, output_sigma=0.6,
+                      max_model_len=512)
 #: Host-to-host copies of the CPU path's "rotation" (NumPy, one core): a flat, fast curve.
 HOST_MEMCPY = BandwidthCurve(sizes_bytes=(64 * 1024, 8 * 1024 * 1024), gbps=(5.0, 8.0),
                              duplex_total_gbps=8.0)
@@ -55,33 +70,163 @@ class MeasuredRequest:
     num_preemptions: int = 0
 
 
-def engine_config(args, policy: str) -> EngineConfig:
+class Iteration(NamedTuple):
+    """One iteration of the replay loop that ran the model, in the simulator's terms."""
+
+    tokens: int  # batched tokens
+    context: int  # context tokens: every scheduled sequence's cached + scheduled tokens
+    moved: int  # requests moved: recomputed, rotated out, rotated in
+    seconds: float  # from this iteration's start to the next one's: everything the loop does
+
+
+@dataclass
+class Replay:
+    """One workload replayed on the engine."""
+
+    requests: list[MeasuredRequest]
+    iterations: list[Iteration]
+    counts: dict  # the engine's counters over the replay
+
+
+def engine_config(args, policy: str, num_requests: int) -> EngineConfig:
+    """The engine for ``policy`` serving ``num_requests`` requests, preempting as the
+    simulator's policy of that name does. The simulator's host memory has no bound, so the
+    engine's host arena is made big enough never to refuse a rotation (which would fall back to
+    a recompute): a mirror of every GPU block, plus every request's longest KV at once."""
+    rotary = POLICIES[policy].preemption == "rotary"
+    longest = blocks_needed(LENGTHS.max_model_len, 16)
     return EngineConfig(executor=args.executor, block_size=16, num_kv_blocks=args.kv_blocks,
-                        max_num_seqs=16, max_num_batched_tokens=256, preemption="rotate",
-                        policy=policy)
+                        max_num_seqs=16, max_num_batched_tokens=256,
+                        preemption="rotate" if rotary else "recompute",
+                        num_host_kv_blocks=args.kv_blocks + num_requests * longest, policy=policy)
 
 
-class TimedExecutor:
-    """Wraps an executor: records (batched tokens, context tokens, seconds) of every step."""
+def transfer_budget_blocks(num_gpu_blocks: int) -> int:
+    """SuperInfer's B_xfer (2400 blocks per iteration against its GH200's KV pool), scaled to a
+    pool of ``num_gpu_blocks`` by the same ratio."""
+    paper = qwen_gh200()
+    return max(1, round(num_gpu_blocks * paper.transfer_budget_blocks / paper.num_gpu_blocks))
+
+
+def rotasched_config(args, step_s: float) -> RotaSchedConfig:
+    """The RotaSched parameters of this experiment, for the engine and the simulator alike: the
+    paper's alpha and betas; its SLOs as multiples of the step (S_B = 5 steps, S_F = 50 S_B: its
+    100 ms and 5 s against a ~20 ms step); its transfer budget scaled to our pool."""
+    tbt = 5 * step_s
+    return RotaSchedConfig(ttft_slo_s=50 * tbt, tbt_slo_s=tbt,
+                           transfer_budget_blocks=transfer_budget_blocks(args.kv_blocks))
+
+
+class BatchRecorder:
+    """Wraps an executor: records (batched tokens, context tokens) of every step it runs."""
 
     def __init__(self, executor):
-        self.executor, self.records = executor, []
+        self.executor, self.batches = executor, []
 
     def __getattr__(self, name):
         return getattr(self.executor, name)
 
     def step(self, batch):
-        start = time.perf_counter()
-        out = self.executor.step(batch)
-        context = int((batch.positions + 1).sum())  # keys each token attends over
-        self.records.append((batch.num_tokens, context, time.perf_counter() - start))
-        return out
+        # context as the simulator counts it: each sequence's cached + scheduled tokens, i.e. its
+        # last token's position + 1 (S,)
+        context = int((batch.positions[batch.logit_rows] + 1).sum())
+        self.batches.append((batch.num_tokens, context))
+        return self.executor.step(batch)
+
+
+def requests_moved(scheduler) -> int:
+    """Every request the scheduler moved so far, each move once (the simulator's ``moves``)."""
+    return scheduler.num_recomputes + scheduler.num_rotations + scheduler.num_rotate_ins
+
+
+def make_engine(weights, args, executor, policy: str, rotasched: RotaSchedConfig | None,
+                num_requests: int) -> tuple[LLMEngine, BatchRecorder]:
+    """A fresh engine for ``policy`` over the shared ``executor`` (warmed up once); a RotaSched
+    policy decides with ``rotasched`` (the engine's own default is the paper's absolute SLOs)."""
+    recorder = BatchRecorder(executor)
+    engine = LLMEngine(weights, engine_config(args, policy, num_requests), executor=recorder)
+    if policy != "fcfs":
+        engine.scheduler.policy = make_policy(policy, rotasched)
+    return engine, recorder
+
+
+def replay(weights, args, executor, policy: str, rotasched: RotaSchedConfig | None,
+           workload: list[RequestSpec], rng) -> Replay:
+    """Replay ``workload`` on a fresh engine in real time: each request is added when its
+    arrival time comes; per request its token times (seconds from the start), per iteration that
+    ran the model an ``Iteration``. The measured runs and the calibration both run this loop."""
+    engine, recorder = make_engine(weights, args, executor, policy, rotasched, len(workload))
+    sched = engine.scheduler
+    prompts = {s.request_id: rng.integers(3, weights.config.vocab_size, size=s.prompt_len).tolist()
+               for s in workload}
+    measured = {s.request_id: MeasuredRequest(s) for s in workload}
+    pending = sorted(workload, key=lambda s: s.arrival_time)
+    iterations = []
+    unclosed = None  # the last iteration that ran the model: (tokens, context, moved, its start)
+    start = time.perf_counter()
+    while pending or engine.has_unfinished():
+        began = time.perf_counter()
+        if unclosed is not None:
+            iterations.append(closed(unclosed, began))
+            unclosed = None
+        while pending and pending[0].arrival_time <= began - start:
+            spec = pending.pop(0)
+            engine.add_request(prompts[spec.request_id], SamplingParams(
+                temperature=0, max_tokens=spec.output_len, ignore_eos=True),
+                request_id=spec.request_id)
+        if not engine.has_unfinished():
+            time.sleep(min(1e-3, max(0.0, pending[0].arrival_time - (began - start))))
+            continue
+        steps_before, moved_before = len(recorder.batches), requests_moved(sched)
+        outputs = engine.step()
+        record_tokens(measured, outputs, time.perf_counter() - start)
+        if len(recorder.batches) > steps_before:
+            unclosed = (*recorder.batches[-1], requests_moved(sched) - moved_before, began)
+    if unclosed is not None:
+        iterations.append(closed(unclosed, time.perf_counter()))
+    counts = {"recomputes": sched.num_recomputes, "rotations": sched.num_rotations,
+              "rotate_ins": sched.num_rotate_ins, "moved": requests_moved(sched),
+              "preemptions": sched.num_recomputes + sched.num_rotations,  # as the simulator's
+              "steps": engine.stats().num_steps}
+    return Replay(list(measured.values()), iterations, counts)
+
+
+def closed(unclosed: tuple[int, int, int, float], next_start: float) -> Iteration:
+    """The iteration that began at ``unclosed[-1]``, lasting until the next one began."""
+    tokens, context, moved, began = unclosed
+    return Iteration(tokens, context, moved, next_start - began)
+
+
+def record_tokens(measured: dict, outputs, t: float) -> None:
+    """The engine handed ``outputs`` out at ``t`` seconds from the start."""
+    for out in outputs:
+        r = measured[out.request_id]
+        r.token_times.append(t)
+        if r.first_token_time is None:
+            r.first_token_time = t
+        if out.finished:
+            r.finish_time = t
+
+
+def burst(n: int, seed: int) -> list[RequestSpec]:
+    """``n`` requests of the experiment's lengths, all arriving at t=0."""
+    return poisson_workload(n, math.inf, LENGTHS, seed)
+
+
+def warm_up(weights, args, executor, rng) -> None:
+    """Run a burst through the shared executor under LVF with the paper's defaults (it rotates
+    plenty), unmeasured: the graph executor captures a CUDA graph the first time it meets each
+    batch shape (hundreds of ms), and the kernels -- the copy engines' gather and scatter too --
+    compile at their first launch; neither must count as serving time. The NumPy reference has
+    nothing to compile or capture."""
+    if executor.name != "reference":
+        replay(weights, args, executor, "lvf", RotaSchedConfig(), burst(16, args.seed + 2), rng)
 
 
 @dataclass(frozen=True)
 class Calibration:
     """``iteration = a + b * batched tokens + c * context tokens + d * requests moved``, fitted on
-    this machine; ``step_s`` the median iteration that ran the model."""
+    this machine; ``step_s`` the median FCFS iteration that moved nobody."""
 
     a: float
     b: float
@@ -90,53 +235,19 @@ class Calibration:
     step_s: float
 
 
-def warm_up_iterations(weights, args, policy: str, rng) -> list[tuple[int, int, int, float]]:
-    """Run the experiment's kind of workload, all of it at once (every batch size, and memory
-    pressure), under ``policy``; per iteration that ran the model: (batched tokens, context
-    tokens, requests moved, seconds). Seconds are the whole engine iteration (scheduler, policy,
-    rotation bookkeeping and the model), which is what the simulator charges for a step."""
-    engine = LLMEngine(weights, engine_config(args, policy))
-    warm_up(engine, weights, args, rng)
-    timed = engine.executor = TimedExecutor(engine.executor)
-    sched = engine.scheduler
-    add_burst(engine, weights, 24, args.seed + 1, rng)
-    rows = []
-    while engine.has_unfinished():
-        moved_before = sched.num_preemptions + sched.num_rotations + sched.num_rotate_ins
-        start, steps_before = time.perf_counter(), len(timed.records)
-        engine.step()
-        seconds = time.perf_counter() - start
-        if len(timed.records) > steps_before:  # the iteration ran the model
-            tokens, context, _ = timed.records[-1]
-            moved = sched.num_preemptions + sched.num_rotations + sched.num_rotate_ins - moved_before
-            rows.append((tokens, context, moved, seconds))
-    return rows
-
-
-def add_burst(engine: LLMEngine, weights, n: int, seed: int, rng) -> None:
-    """``n`` requests of the experiment's lengths, all at once (random prompts, greedy)."""
-    for spec in poisson_workload(n, 1e6, LENGTHS, seed):
-        engine.add_request(rng.integers(3, weights.config.vocab_size, size=spec.prompt_len).tolist(),
-                           SamplingParams(temperature=0, max_tokens=spec.output_len, ignore_eos=True))
-
-
-def warm_up(engine: LLMEngine, weights, args, rng) -> None:
-    """Run a burst of requests through a fresh engine, unmeasured: the graph executor captures a
-    CUDA graph the first time it meets each batch size (hundreds of ms), which must not count
-    as serving time."""
-    add_burst(engine, weights, engine.config.max_num_seqs, args.seed + 2, rng)
-    while engine.has_unfinished():
-        engine.step()
-
-
-def calibrate(weights, args, rng) -> Calibration:
-    """Least squares over every iteration of two warm-up runs: FCFS (the step itself) and LVF
-    (which rotates: the host's cost per request moved)."""
-    rows = warm_up_iterations(weights, args, "fcfs", rng) + warm_up_iterations(weights, args, "lvf", rng)
-    tokens, context, moved, seconds = (np.array(v, dtype=np.float64) for v in zip(*rows))
+def calibrate(weights, args, executor, rng) -> tuple[Calibration, RotaSchedConfig]:
+    """Least squares over every iteration of two burst replays: FCFS (the step itself, and
+    recomputes) and LVF (which rotates: the host's cost per request moved). LVF decides with the
+    experiment's RotaSched parameters, whose SLOs come from the FCFS replay's median step."""
+    requests = burst(args.calibration_requests, args.seed + 1)
+    fcfs = replay(weights, args, executor, "fcfs", None, requests, rng).iterations
+    step_s = statistics.median(i.seconds for i in fcfs if i.moved == 0)
+    rotasched = rotasched_config(args, step_s)
+    lvf = replay(weights, args, executor, "lvf", rotasched, requests, rng).iterations
+    tokens, context, moved, seconds = (np.array(v, dtype=np.float64) for v in zip(*fcfs, *lvf))
     design = np.stack([np.ones_like(tokens), tokens, context, moved], axis=1)  # (iterations, 4)
     a, b, c, d = nonnegative_lstsq(design, seconds)
-    return Calibration(a, b, c, d, float(np.median(seconds[moved == 0])))
+    return Calibration(a, b, c, d, step_s), rotasched
 
 
 def nonnegative_lstsq(design: np.ndarray, y: np.ndarray) -> list[float]:
@@ -160,62 +271,28 @@ def link_for(executor: str) -> BandwidthCurve:
     return HOST_MEMCPY if executor == "reference" else PCIE_H200
 
 
-def preset_for(weights, args, cal: Calibration) -> Preset:
+def preset_for(weights, args, cal: Calibration, rotasched: RotaSchedConfig) -> Preset:
     block_bytes = block_nbytes(weights.config, 16, itemsize=4)
-    # The paper's SLOs are multiples of its step time; ours of the median measured step (on a GPU
-    # the fitted intercept a can come out ~0: the per-token term carries the whole step).
-    tbt = 5 * cal.step_s
+    paper = qwen_gh200()
     return Preset(
         name=f"bundled-{args.executor}-measured",
         description="the bundled model on this machine, step time fitted just now",
         cost=CostModel(fixed_s=cal.a, per_token_s=cal.b, per_context_token_s=cal.c,
                        block_bytes=block_bytes, link=link_for(args.executor), per_move_s=cal.d),
         num_gpu_blocks=args.kv_blocks, max_num_seqs=16, max_num_batched_tokens=256,
-        transfer_budget_blocks=args.kv_blocks, lengths=LENGTHS,
+        transfer_budget_blocks=rotasched.transfer_budget_blocks, lengths=LENGTHS,
         rates=() if args.rates == "auto" else tuple(args.rates),
-        num_requests=args.num_requests, ttft_slo_s=50 * tbt, tbt_slo_s=tbt,
+        num_requests=args.num_requests, ttft_slo_s=rotasched.ttft_slo_s,
+        tbt_slo_s=rotasched.tbt_slo_s,
         sources={"step_time": f"fitted on this machine: a={cal.a * 1e3:.2f} ms, b="
                               f"{cal.b * 1e6:.1f} us/token, c={cal.c * 1e9:.1f} ns/context token, "
                               f"d={cal.d * 1e6:.0f} us per request moved",
-                 "slos": f"S_B = 5 x the median step ({cal.step_s * 1e3:.2f} ms), S_F = 50 S_B "
-                         f"(the paper's ratios to its step time)"})
-
-
-def run_engine(weights, args, policy: str, workload: list[RequestSpec], rng) -> list[MeasuredRequest]:
-    """Replay ``workload`` on the engine in real time; per-request token times (seconds from start)."""
-    engine = LLMEngine(weights, engine_config(args, policy))
-    warm_up(engine, weights, args, rng)
-    counters_before = {"preemptions": engine.scheduler.num_preemptions,
-                       "rotations": engine.scheduler.num_rotations,
-                       "steps": engine.stats().num_steps}
-    prompts = {s.request_id: rng.integers(3, weights.config.vocab_size, size=s.prompt_len).tolist()
-               for s in workload}
-    measured = {s.request_id: MeasuredRequest(s) for s in workload}
-    pending = sorted(workload, key=lambda s: s.arrival_time)
-    start = time.perf_counter()
-    while pending or engine.has_unfinished():
-        now = time.perf_counter() - start
-        while pending and pending[0].arrival_time <= now:
-            spec = pending.pop(0)
-            engine.add_request(prompts[spec.request_id], SamplingParams(
-                temperature=0, max_tokens=spec.output_len, ignore_eos=True),
-                request_id=spec.request_id)
-        if not engine.has_unfinished():
-            time.sleep(min(1e-3, max(0.0, pending[0].arrival_time - now)))
-            continue
-        for out in engine.step():
-            t = time.perf_counter() - start
-            r = measured[out.request_id]
-            r.token_times.append(t)
-            if r.first_token_time is None:
-                r.first_token_time = t
-            if out.finished:
-                r.finish_time = t
-    sched = engine.scheduler
-    counts = {"preemptions": sched.num_preemptions, "rotations": sched.num_rotations,
-              "steps": engine.stats().num_steps}
-    counts = {k: v - counters_before[k] for k, v in counts.items()}  # the replay's own
-    return list(measured.values()), counts
+                 "slos": f"S_B = 5 x the median FCFS iteration ({cal.step_s * 1e3:.2f} ms), "
+                         f"S_F = 50 S_B (the paper's ratios to its step time)",
+                 "transfer_budget": f"SuperInfer's B_xfer scaled to this pool: {args.kv_blocks} x "
+                                    f"{paper.transfer_budget_blocks} / {paper.num_gpu_blocks} "
+                                    f"(qwen2.5-32b-gh200's KV blocks) = "
+                                    f"{rotasched.transfer_budget_blocks} blocks"})
 
 
 def score(requests, ttft_slo_s: float, tbt_slo_s: float) -> dict:
@@ -239,7 +316,7 @@ def choose_rates(preset: Preset, config, num_requests: int, seed: int,
     blocks_each = -(-(LENGTHS.input_mean + LENGTHS.output_mean) // preset.block_size)
     resident = min(preset.max_num_seqs, preset.num_gpu_blocks / blocks_each)
     capacity = resident / (LENGTHS.output_mean * step_s)  # req/s the KV pool sustains, roughly
-    grid = [round(capacity * f, 1) for f in np.geomspace(0.25, 4.0, 16)]
+    grid = [round(capacity * f, 1) for f in np.geomspace(0.5, 2.0, 24)]  # the window is narrow
     target, pressured = [], []
     for rate in grid:
         workload = poisson_workload(num_requests, rate, LENGTHS, seed)
@@ -269,13 +346,17 @@ def run_real_experiment(args) -> tuple[dict, dict, dict]:
     folder = resolve_model_dir()
     weights = load_weights(folder)
     rng = np.random.default_rng(args.seed)
-    cal = calibrate(weights, args, rng)
-    preset = preset_for(weights, args, cal)
-    config = preset.rotasched_config()
+    # One executor for every run (a fresh engine over it each time): warmed up once. It owns
+    # the KV pool, not the host arena: no requests to size that for.
+    executor = make_executor(args.executor, weights, engine_config(args, "fcfs", num_requests=0))
+    warm_up(weights, args, executor, rng)
+    cal, config = calibrate(weights, args, executor, rng)
+    preset = preset_for(weights, args, cal, config)
     print(f"calibrated on this machine ({args.executor}): step = {cal.a * 1e3:.2f} ms + "
           f"{cal.b * 1e6:.1f} us/token + {cal.c * 1e9:.1f} ns/context token + "
           f"{cal.d * 1e6:.0f} us per request moved; SLOs TTFT "
-          f"{config.ttft_slo_s * 1e3:.0f} ms, TPOT {config.tbt_slo_s * 1e3:.0f} ms", flush=True)
+          f"{config.ttft_slo_s * 1e3:.0f} ms, TPOT {config.tbt_slo_s * 1e3:.1f} ms; transfer "
+          f"budget {config.transfer_budget_blocks} blocks", flush=True)
     if args.rates == "auto":
         args.rates = choose_rates(preset, config, args.num_requests, args.seed, cal.step_s)
         print(f"rates chosen by the simulator: {args.rates}", flush=True)
@@ -283,8 +364,8 @@ def run_real_experiment(args) -> tuple[dict, dict, dict]:
     for rate in args.rates:
         workload = poisson_workload(args.num_requests, rate, LENGTHS, args.seed)
         for policy in args.policies:
-            requests, counts = run_engine(weights, args, policy, workload, rng)
-            real = {**score(requests, config.ttft_slo_s, config.tbt_slo_s), **counts}
+            run = replay(weights, args, executor, policy, config, workload, rng)
+            real = {**score(run.requests, config.ttft_slo_s, config.tbt_slo_s), **run.counts}
             sim_result = simulate(preset, make_policy(policy, config), workload)
             sim = {**score(sim_result.requests, config.ttft_slo_s, config.tbt_slo_s),
                    "preemptions": sum(r.num_preemptions for r in sim_result.requests),
@@ -309,5 +390,6 @@ def run_real_experiment(args) -> tuple[dict, dict, dict]:
         summary["real_rate"] = args.rates[-1]
     cfg = {"mode": "real", "preset": preset.as_dict(), "rotasched": config.__dict__,
            "executor": args.executor, "kv_blocks": args.kv_blocks, "rates": args.rates,
-           "policies": args.policies, "num_requests": args.num_requests, "seed": args.seed}
+           "policies": args.policies, "num_requests": args.num_requests, "seed": args.seed,
+           "calibration_requests": args.calibration_requests}
     return cfg, raw, summary

@@ -59,7 +59,23 @@ def describe(scheduler, now: float) -> tuple[StepView, dict[int, Sequence]]:
 
 
 def apply(scheduler, decision: Decision, by_id: dict[int, Sequence]) -> set[int]:
-    """Carry the decision out; returns the ids of the waiting sequences it admitted."""
+    """Carry the decision out; returns the ids of the waiting sequences it admitted.
+
+    All the step's rotate-outs share one copy-out, all its rotate-ins one copy-in (DuplexKV's
+    batched copies, ``Scheduler.batched_copies``). Two batches, not one: the first ends -- its
+    copy issued -- before the rotate-ins take GPU blocks, so a tail block whose copy-out has
+    already landed (a synchronous transport) is free for them, as the policy counted on."""
+    with scheduler.batched_copies():
+        preempt(scheduler, decision, by_id)
+    with scheduler.batched_copies():
+        admitted_waiting = admit(scheduler, decision, by_id)
+    rest = [s for s in scheduler.waiting if s not in admitted_waiting]
+    scheduler.waiting = deque(admitted_waiting + rest)
+    return {s.seq_id for s in admitted_waiting}
+
+
+def preempt(scheduler, decision: Decision, by_id: dict[int, Sequence]) -> None:
+    """The decision's preemptions: rotary ones by rotation where possible, else by recompute."""
     for sid in decision.preempt_recompute:
         scheduler.running.remove(by_id[sid])
         scheduler.preempt_by_recompute(by_id[sid])
@@ -73,6 +89,10 @@ def apply(scheduler, decision: Decision, by_id: dict[int, Sequence]) -> set[int]
                 pass
         scheduler.running.remove(seq)  # nothing cached yet (or no room on the host): recompute
         scheduler.preempt_by_recompute(seq)
+
+
+def admit(scheduler, decision: Decision, by_id: dict[int, Sequence]) -> list[Sequence]:
+    """Rotate the admitted rotary sequences back in; returns the admitted waiting ones, in order."""
     admitted_waiting = []
     for sid in decision.admit:
         seq = by_id[sid]
@@ -83,9 +103,7 @@ def apply(scheduler, decision: Decision, by_id: dict[int, Sequence]) -> set[int]
                 break  # the GPU is full after all: the rest waits for the next step
         else:
             admitted_waiting.append(seq)
-    rest = [s for s in scheduler.waiting if s not in admitted_waiting]
-    scheduler.waiting = deque(admitted_waiting + rest)
-    return {s.seq_id for s in admitted_waiting}
+    return admitted_waiting
 
 
 def run_policy(scheduler, policy: Policy, now: float) -> set[int]:

@@ -32,9 +32,11 @@ A rotated sequence keeps its tokens and resumes exactly where it stopped. With
 ``preemption="rotate"`` the built-in FCFS policy uses it too: a preemption victim that is
 decoding is rotated out instead of recomputed (if the host has room), and rotated sequences are
 rotated back in, oldest first, before any new prompt is admitted (vLLM v0's swapped-first).
-Each step starts with ``rotation.tick()`` (land finished copies) and ends with
-``rotation.flush()`` (eagerly copy out the blocks that just filled). A sequence whose copy-in
-has not landed is skipped unless the model's kernels can be ordered after it (on a GPU).
+The moves one step decides together -- a policy's, the FCFS resumes -- share one batched copy
+per direction (``batched_copies``). Each step starts with ``rotation.tick()`` (land finished
+copies) and ends with ``rotation.flush()`` (eagerly copy out the blocks that just filled). A
+sequence whose copy-in has not landed is skipped unless the model's kernels can be ordered after
+it (on a GPU).
 
 Why this cannot get stuck: admission takes blocks only for the chunk it schedules, and at most one
 running sequence is ever part-way through its prompt — the last one admitted, because a prompt is
@@ -47,6 +49,7 @@ from __future__ import annotations
 
 import time
 from collections import deque
+from contextlib import nullcontext
 
 import numpy as np
 
@@ -68,7 +71,10 @@ class Scheduler:
         self.waiting: deque[Sequence] = deque()  # FCFS queue; preempted sequences go to the front
         self.running: list[Sequence] = []  # in order of admission: the last is preempted first
         self.rotated: deque[Sequence] = deque()  # rotated out to host memory, oldest first
+        # Requests moved, each move counted once: num_recomputes + num_rotations + num_rotate_ins
+        # (num_preemptions counts the FCFS rules' preemptions, by recompute or by rotation).
         self.num_preemptions = 0
+        self.num_recomputes = 0  # preemptions by recompute, by the FCFS rules or a policy
         self.num_rotations = 0  # rotate-outs, by preemption or asked for
         self.num_rotate_ins = 0
         self.preemption = config.preemption
@@ -168,16 +174,22 @@ class Scheduler:
         self.num_rotations += 1
         return moved
 
+    def batched_copies(self):
+        """``with scheduler.batched_copies():`` -- the rotations inside share one copy per
+        direction (``RotationEngine.batch``); without a rotation engine, nothing to share."""
+        return self.rotation.batch() if self.rotation is not None else nullcontext()
+
     def _resume_rotated(self) -> None:
         """FCFS over rotated sequences: rotate each back in while the GPU has blocks for it and
-        for the next token of every running sequence."""
+        for the next token of every running sequence; their copy-ins travel as one."""
         bm = self.block_manager
-        while self.rotated and len(self.running) < self.max_num_seqs:
-            seq = self.rotated[0]
-            reserve = sum(bm.blocks_to_grow(s.seq_id, s.num_tokens) for s in self.running)
-            if blocks_needed(seq.num_tokens, bm.block_size) + reserve > bm.num_free:
-                return
-            self.rotate_in(seq)
+        with self.rotation.batch():
+            while self.rotated and len(self.running) < self.max_num_seqs:
+                seq = self.rotated[0]
+                reserve = sum(bm.blocks_to_grow(s.seq_id, s.num_tokens) for s in self.running)
+                if blocks_needed(seq.num_tokens, bm.block_size) + reserve > bm.num_free:
+                    return
+                self.rotate_in(seq)
 
     def _ready(self, seq: Sequence) -> bool:
         return self.rotation is None or self.rotation.ready(seq.seq_id)
@@ -226,7 +238,12 @@ class Scheduler:
 
     def _make_room_for_one_token(self, seq: Sequence) -> bool:
         """Grow ``seq`` by one token, preempting the newest running sequences until it fits.
-        False if ``seq`` itself had to be preempted."""
+        False if ``seq`` itself had to be preempted.
+
+        These preemptions are not batched (``batched_copies``): right after a victim's rotate-out
+        the loop may have to wait for the tail block it is giving back (``wait_for_draining``),
+        which needs that copy issued, not collected; and it takes one victim per missing block,
+        rarely more than one a step."""
         while not self.block_manager.can_grow(seq.seq_id, seq.num_tokens):
             if self.rotation is not None and self.block_manager.num_draining:
                 self.rotation.wait_for_draining()  # blocks a rotate-out is giving back
@@ -302,6 +319,7 @@ class Scheduler:
         if not counted:
             self.num_preemptions += 1
             seq.num_preemptions += 1
+        self.num_recomputes += 1
         self._forget_rotation(seq)
         self.block_manager.free(seq.seq_id)
         seq.num_cached_tokens = 0

@@ -14,6 +14,15 @@ block is already on the host: only the dirty tail still has to move -- at most o
 request, whatever its length. A host copy stays valid until its GPU block is written again, which
 for a full block is never; so a request rotated out, in, and out again moves only its tail again.
 
+**One batched copy per direction per step.** A scheduler often moves several requests in one
+step (a policy rotates three out and two in). Each ``rotate_out`` / ``rotate_in`` alone issues
+its own copy, and on a GPU every copy costs the host tens of microseconds (events, a block-id
+upload, a gather/scatter launch, the memcpys) whatever its size. Inside ``with engine.batch():``
+the moves keep their books at once -- block states, host tables, ``rotated``, GPU blocks freed
+into DRAINING -- but only *collect* their copies; leaving the block issues ONE copy-out ticket for
+every rotate-out's blocks and ONE copy-in ticket for every rotate-in's, as SuperInfer's code does
+on its two streams.
+
 **Invariants** (``check`` asserts them; the tests drive random schedules through them):
 
 * no GPU block is reused while a copy out of it or into it is in flight (the block manager's
@@ -41,7 +50,8 @@ of a rotated request stays ``DECODE_PAUSED`` in the ring until its flag comes ba
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from contextlib import contextmanager
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -66,6 +76,15 @@ class TransferRecord:
     reason: str  # "eager" | "rotate-out" | "rotate-in"
     num_blocks: int
     copy_sizes: tuple[int, ...]  # bytes of each copy it issued
+
+
+@dataclass
+class CopyBatch:
+    """The copies an open ``RotationEngine.batch`` has collected, not issued yet."""
+
+    # (direction, reason) -> (GPU blocks, host blocks), in the order the moves asked for them
+    copies: dict[tuple[int, str], tuple[list[int], list[int]]] = field(default_factory=dict)
+    loading: set[int] = field(default_factory=set)  # sequences its copy-in brings back
 
 
 @dataclass(frozen=True)
@@ -99,6 +118,7 @@ class RotationEngine:
         self.step = 0
         self.blocks_copied = {COPY_OUT: 0, COPY_IN: 0}
         self.eager_blocks_out = 0
+        self.open_batch: CopyBatch | None = None  # inside ``batch()``: the copies it collects
 
     # --- queries ------------------------------------------------------------------------------
     def is_rotated(self, seq_id: int) -> bool:
@@ -116,18 +136,29 @@ class RotationEngine:
     def ready(self, seq_id: int) -> bool:
         """May the model run ``seq_id`` now? False while its copy-in is in flight and the
         model's kernels cannot be ordered after it (on a GPU they can: the compute stream then
-        waits for the copy's event)."""
+        waits for the copy's event). Not inside a batch: its copy-in has no ticket yet."""
+        self._refuse_inside_batch("ready")
         ticket = self.loading.get(seq_id)
         return ticket is None or self.transport.order_compute_after(ticket)
 
     def stats(self) -> RotationStats:
         in_flight = {COPY_OUT: 0, COPY_IN: 0}
-        for t in self.transport.in_flight:
-            in_flight[t.direction] += len(t.gpu_blocks)
+        for direction, gpu in self._copies_under_way():
+            in_flight[direction] += len(gpu)
+        loading = len(self.loading) + (len(self.open_batch.loading) if self.open_batch else 0)
         return RotationStats(self.host.num_used, self.host.num_free, in_flight[COPY_OUT],
-                             in_flight[COPY_IN], len(self.rotated), len(self.loading),
+                             in_flight[COPY_IN], len(self.rotated), loading,
                              self.blocks_copied[COPY_OUT], self.blocks_copied[COPY_IN],
                              self.eager_blocks_out)
+
+    def _copies_under_way(self) -> list[tuple[int, list[int]]]:
+        """(direction, GPU blocks) of every copy in flight, and of every copy an open batch has
+        collected (its blocks are already booked as being copied)."""
+        copies = [(t.direction, t.gpu_blocks.tolist()) for t in self.transport.in_flight]
+        if self.open_batch is not None:
+            copies += [(direction, gpu) for (direction, _), (gpu, _)
+                       in self.open_batch.copies.items()]
+        return copies
 
     # --- the scheduler's calls ----------------------------------------------------------------
     def on_written(self, seq_id: int, old_tokens: int, new_tokens: int) -> None:
@@ -175,13 +206,14 @@ class RotationEngine:
         self.pending_out.pop(seq_id, None)
         self._copy_out([(seq_id, i) for i in need], "rotate-out")
         self.rotated[seq_id] = self.blocks.num_tokens[seq_id]
-        self.loading.pop(seq_id, None)
+        self._stop_loading(seq_id)
         self.blocks.free(seq_id)
         return len(need)
 
-    def rotate_in(self, seq_id: int) -> Ticket:
+    def rotate_in(self, seq_id: int) -> Ticket | None:
         """Give ``seq_id`` GPU blocks again and copy its KV back in (``ready`` says when it may
-        run). OutOfBlocks (nothing changed) if the GPU has too few free blocks."""
+        run). Returns the copy's ticket (None inside a batch: the batch issues it). OutOfBlocks
+        (nothing changed) if the GPU has too few free blocks."""
         num_tokens = self.rotated[seq_id]
         self.blocks.grow(seq_id, num_tokens)
         self.blocks.mark_written(seq_id, num_tokens)
@@ -189,7 +221,10 @@ class RotationEngine:
         gpu = self.blocks.block_table(seq_id)
         host = self.host_tables[seq_id][: len(gpu)]
         ticket = self._issue(COPY_IN, gpu, host, "rotate-in")
-        self.loading[seq_id] = ticket
+        if ticket is None:
+            self.open_batch.loading.add(seq_id)
+        else:
+            self.loading[seq_id] = ticket
         return ticket
 
     def forget(self, seq_id: int) -> None:
@@ -197,8 +232,47 @@ class RotationEngine:
         (the block manager frees its GPU blocks)."""
         host = [h for h in self.host_tables.pop(seq_id, []) if h >= 0]
         self.host.free(host)
-        for book in (self.mirrored, self.pending_out, self.rotated, self.loading):
+        for book in (self.mirrored, self.pending_out, self.rotated):
             book.pop(seq_id, None)
+        self._stop_loading(seq_id)
+
+    def _stop_loading(self, seq_id: int) -> None:
+        """``seq_id`` left the GPU: no copy-in decides any more when it may run."""
+        self.loading.pop(seq_id, None)
+        if self.open_batch is not None:
+            self.open_batch.loading.discard(seq_id)
+
+    @contextmanager
+    def batch(self):
+        """``with engine.batch():`` -- the moves inside share their copies (module docstring):
+        on leaving, also by an exception (OutOfHostBlocks, OutOfBlocks), one ticket per
+        direction carries every block they collected. ``ready``, ``wait_for_draining`` and
+        ``wait_all`` refuse to run inside: the tickets they would look at do not exist yet."""
+        if self.open_batch is not None:
+            raise RuntimeError("a copy batch is already open")
+        self.open_batch = CopyBatch()
+        try:
+            yield
+        finally:
+            batch, self.open_batch = self.open_batch, None
+            self._issue_batch(batch)
+
+    def _issue_batch(self, batch: CopyBatch) -> None:
+        """One ticket per (direction, reason) the batch collected: copy-outs first, so that a
+        copy-in of a host block that one of them writes is ordered after it (``after``)."""
+        tickets = {}
+        for direction in (COPY_OUT, COPY_IN):
+            for (d, reason), (gpu, host) in batch.copies.items():
+                if d == direction:
+                    tickets[direction, reason] = self._send(direction, gpu, host, reason)
+        for seq_id in batch.loading:
+            self.loading[seq_id] = tickets[COPY_IN, "rotate-in"]
+        self.poll()  # a synchronous transport has landed them already
+
+    def _refuse_inside_batch(self, what: str) -> None:
+        if self.open_batch is not None:
+            raise RuntimeError(f"{what} inside a copy batch: its copies are not issued yet "
+                               f"(leave the batch first)")
 
     def tick(self) -> None:
         """Once per engine step, before scheduling: let time pass, land what has landed."""
@@ -219,6 +293,7 @@ class RotationEngine:
     def wait_for_draining(self) -> None:
         """Block until every draining GPU block is free (a scheduler that needs the blocks a
         rotate-out is giving back *now* pays this: with eager rotation, one tail block)."""
+        self._refuse_inside_batch("wait_for_draining")
         draining = set(np.flatnonzero(self.blocks.state == DRAINING).tolist())
         for ticket in list(self.transport.in_flight):
             if draining & set(ticket.gpu_blocks.tolist()):
@@ -226,6 +301,7 @@ class RotationEngine:
         self.poll()
 
     def wait_all(self) -> None:
+        self._refuse_inside_batch("wait_all")
         self.transport.wait_all()
         self.poll()
 
@@ -243,7 +319,8 @@ class RotationEngine:
 
     def _copy_out(self, logical: list[tuple[int, int]], reason: str) -> Ticket | None:
         """Copy logical blocks [(sequence, index)] to their host blocks (allocated now if they
-        have none: one consecutive run when possible) in one ticket."""
+        have none: one consecutive run when possible) in one ticket (inside a batch: the
+        batch's)."""
         if not logical:
             return None
         missing = sum(1 for s, i in logical if not self._has_host_block(s, i))
@@ -254,20 +331,35 @@ class RotationEngine:
             self.mirrored.setdefault(s, set()).add(i)
         return self._issue(COPY_OUT, gpu, host, reason)
 
-    def _issue(self, direction: int, gpu: list[int], host: list[int], reason: str) -> Ticket:
-        after = [self.host_users[h] for h in host if h in self.host_users]
+    def _issue(self, direction: int, gpu: list[int], host: list[int], reason: str) -> Ticket | None:
+        """Copy GPU blocks ``gpu`` to or from host blocks ``host``. The books first: neither
+        side may be reused until the copy lands. Then the copy: now (its ticket), or when the
+        open batch ends (None)."""
         self.blocks.begin_transfer(gpu, direction)
         self.host.begin_transfer(host)
+        self.blocks_copied[direction] += len(gpu)
+        if self.open_batch is not None:
+            collected_gpu, collected_host = self.open_batch.copies.setdefault((direction, reason),
+                                                                              ([], []))
+            collected_gpu.extend(gpu)
+            collected_host.extend(host)
+            return None
+        ticket = self._send(direction, gpu, host, reason)
+        self.poll()  # a synchronous transport has landed it already
+        return ticket
+
+    def _send(self, direction: int, gpu: list[int], host: list[int], reason: str) -> Ticket:
+        """One transport ticket for blocks already booked by ``_issue``, after every copy still
+        touching its host blocks."""
+        after = [self.host_users[h] for h in host if h in self.host_users]
         if direction == COPY_OUT:
             ticket = self.transport.copy_out(gpu, host, after)
         else:
             ticket = self.transport.copy_in(host, gpu, after)
         for h in host:
             self.host_users[h] = ticket
-        self.blocks_copied[direction] += len(gpu)
         self.history.append(TransferRecord(self.step, direction, reason, len(gpu),
                                            tuple(ticket.copy_sizes)))
-        self.poll()  # a synchronous transport has landed it already
         return ticket
 
     # --- the live map -------------------------------------------------------------------------
@@ -298,10 +390,10 @@ class RotationEngine:
         self.blocks.check()
         self.host.check()
         flying = {COPY_OUT: set(), COPY_IN: set()}
-        for t in self.transport.in_flight:
-            blocks = set(t.gpu_blocks.tolist())
+        for direction, gpu in self._copies_under_way():
+            blocks = set(gpu)
             assert not blocks & (flying[COPY_OUT] | flying[COPY_IN]), "two copies on one block"
-            flying[t.direction] |= blocks
+            flying[direction] |= blocks
         for direction, code in ((COPY_OUT, COPY_OUT), (COPY_IN, COPY_IN)):
             assert set(np.flatnonzero(self.blocks.transfer == code).tolist()) == flying[direction]
         assert not set(self.rotated) & set(self.blocks.tables), "rotated out yet on the GPU"

@@ -37,7 +37,9 @@ def test_tiny_sim_sweep_writes_results(tmp_path, capsys):
 def test_tiny_real_run_is_added_beside_the_sweep(tmp_path, capsys):
     assert slo.main(["--sim", "--rates", "1", "--num-requests", "8", "--out", str(tmp_path),
                      "--no-progress", "--no-plot"]) == 0
-    assert slo.main(["--real", "--rates", "30", "--num-requests", "5", "--kv-blocks", "24",
+    # --kv-blocks 32: a request of the longest (512 tokens) needs 32 blocks of 16
+    assert slo.main(["--real", "--rates", "30", "--num-requests", "5", "--kv-blocks", "32",
+                     "--calibration-requests", "4",
                      "--out", str(tmp_path)]) == 0
     data = json.loads((tmp_path / "slo.json").read_text())
     assert set(data["raw"]) == {"sim", "real"}  # the sweep is kept

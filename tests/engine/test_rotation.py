@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 from blink_edu.config import EngineConfig, ModelConfig, SamplingParams
 from blink_edu.engine.llm_engine import LLMEngine
 from blink_edu.engine.sequence import SequenceStatus
-from blink_edu.kv.block_manager import COPY_OUT
+from blink_edu.kv.block_manager import COPY_IN, COPY_OUT
 from blink_edu.model import reference
 from blink_edu.model.weights import random_weights
 
@@ -91,6 +91,39 @@ def test_seeded_sampling_survives_rotation(weights, rng):
     assert engine.scheduler.num_rotations > 0
 
 
+def random_rotations(rng, p_out: float, p_in: float):
+    """A stand-in policy for ``drive``'s ``between_steps``: rotate each running sequence with
+    cached tokens out with probability ``p_out``, then each rotated one (the ones just rotated out
+    among them) back in with probability ``p_in`` where it fits; ``check()`` after every move."""
+
+    def policy(scheduler):
+        for seq in [s for s in scheduler.running if s.num_cached_tokens > 0]:
+            if rng.random() < p_out:
+                scheduler.rotate_out(seq)
+                assert seq.status is SequenceStatus.ROTATED
+                scheduler.rotation.check()
+        for seq in list(scheduler.rotated):
+            fits = scheduler.blocks_to_rotate_in(seq) + 1 <= scheduler.block_manager.num_free
+            if fits and (rng.random() < p_in or not scheduler.running):
+                scheduler.rotate_in(seq)
+                scheduler.rotation.check()
+        stats = scheduler.rotation_stats()
+        assert stats.num_rotated == len(scheduler.rotated)
+        assert stats.host_blocks_used + stats.host_blocks_free == scheduler.rotation.host.num_blocks
+
+    return policy
+
+
+def chunked_prefill_engine(weights, delay: int) -> LLMEngine:
+    """3 tokens a step: prompts are prefilled in chunks, so sequences are rotated out part-way
+    through their prompts too, and must go on from what they had cached. The pool is large:
+    only the test's "policy" rotates, and it decides every rotate-in."""
+    engine = rotating_engine(weights, delay, block_size=2, num_kv_blocks=48,
+                             max_num_batched_tokens=3)
+    engine.scheduler.resume_rotated = False
+    return engine
+
+
 @settings(max_examples=10, deadline=None)
 @given(seed=st.integers(0, 2**32 - 1), delay=st.integers(0, 2),
        p_out=st.floats(0.1, 0.9), p_in=st.floats(0.1, 0.9))
@@ -98,25 +131,37 @@ def test_random_rotations_by_a_policy_keep_the_tokens(weights, seed, delay, p_ou
     rng = np.random.default_rng(seed)
     prompts = prompts_for(rng, weights.config.vocab_size, n=4, longest=10)
     params = SamplingParams(temperature=0, max_tokens=10, ignore_eos=True)
-    # 3 tokens a step: prompts are prefilled in chunks, so sequences are rotated out part-way
-    # through their prompts too, and must go on from what they had cached
-    engine = rotating_engine(weights, delay, block_size=2, num_kv_blocks=48, max_num_batched_tokens=3)
-    engine.scheduler.resume_rotated = False  # the "policy" below decides every rotate-in
-
-    def policy(scheduler):
-        for seq in [s for s in scheduler.running if s.num_cached_tokens > 0]:
-            if rng.random() < p_out:
-                scheduler.rotate_out(seq)
-                assert seq.status is SequenceStatus.ROTATED
-        for seq in list(scheduler.rotated):
-            fits = scheduler.blocks_to_rotate_in(seq) + 1 <= scheduler.block_manager.num_free
-            if fits and (rng.random() < p_in or not scheduler.running):
-                scheduler.rotate_in(seq)
-        stats = scheduler.rotation_stats()
-        assert stats.num_rotated == len(scheduler.rotated)
-        assert stats.host_blocks_used + stats.host_blocks_free == scheduler.rotation.host.num_blocks
-
+    engine = chunked_prefill_engine(weights, delay)
+    policy = random_rotations(rng, p_out, p_in)
     assert drive(engine, prompts, params, policy) == reference.generate(weights, prompts, params)
+
+
+@settings(max_examples=10, deadline=None)
+@given(seed=st.integers(0, 2**32 - 1), delay=st.integers(1, 2),
+       p_out=st.floats(0.1, 0.9), p_in=st.floats(0.1, 0.9))
+def test_random_rotations_batched_per_step_keep_the_tokens(weights, seed, delay, p_out, p_in):
+    """All of a step's rotate-outs and rotate-ins in ONE batch (a sequence may go out and back
+    in within it: its copy-in must wait for its own copy-out): one copy-out and one copy-in
+    ticket, and still the reference's tokens."""
+    rng = np.random.default_rng(seed)
+    prompts = prompts_for(rng, weights.config.vocab_size, n=4, longest=10)
+    params = SamplingParams(temperature=0, max_tokens=10, ignore_eos=True)
+    engine = chunked_prefill_engine(weights, delay)
+    policy = random_rotations(rng, p_out, p_in)
+
+    def batched_policy(scheduler):
+        rotation = scheduler.rotation
+        before, copied_before = len(rotation.history), dict(rotation.blocks_copied)
+        with scheduler.batched_copies():
+            policy(scheduler)
+        for direction, reason in ((COPY_OUT, "rotate-out"), (COPY_IN, "rotate-in")):
+            records = [r for r in rotation.history[before:] if r.reason == reason]
+            copied = rotation.blocks_copied[direction] - copied_before[direction]
+            assert len(records) == (1 if copied else 0)  # every block of the step in one ticket
+            assert sum(r.num_blocks for r in records) == copied
+
+    expected = reference.generate(weights, prompts, params)
+    assert drive(engine, prompts, params, batched_policy) == expected
 
 
 def test_rotate_out_mid_prompt_goes_on_from_the_cached_tokens(weights, rng):

@@ -131,7 +131,7 @@ def test_preemption_evicts_the_newest_and_it_resumes_with_identical_tokens():
     assert list(scheduler.waiting) == [c, d]  # c goes to the FRONT of the queue
     assert c.status is SequenceStatus.PREEMPTED
     assert c.num_cached_tokens == 0 and c.num_output_tokens == 2  # its tokens are kept
-    assert scheduler.num_preemptions == 1
+    assert scheduler.num_preemptions == scheduler.num_recomputes == 1
     # When c comes back, it re-fills the cache with prompt + generated tokens and samples on.
     while c.status is not SequenceStatus.RUNNING:
         batch, scheduled, _ = one_step(scheduler, model)

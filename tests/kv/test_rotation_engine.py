@@ -183,6 +183,76 @@ def test_reusing_a_block_in_flight_would_be_caught(rng):
         world.assert_contents()
 
 
+@pytest.mark.parametrize("delay", [0, 2])
+def test_a_batch_moves_k_sequences_with_one_ticket_per_direction(rng, delay):
+    world = World(rng, num_blocks=16, host_blocks=32, delay=delay, eager=False)
+    engine, transport = world.engine, world.engine.transport
+    seqs = [world.new(int(n)) for n in rng.integers(1, 10, size=3)]
+    before = [world.pool_now()[world.blocks.block_table(s)].copy() for s in seqs]
+    issued = len(engine.history)
+    with engine.batch():
+        moved = [engine.rotate_out(s) for s in seqs]
+        engine.check()  # the collected copies count as in flight
+        assert len(engine.history) == issued  # collected, not issued
+    [record] = engine.history[issued:]
+    assert record.reason == "rotate-out" and record.num_blocks == sum(moved)
+    engine.wait_all()
+    world.finish(world.new(16 * B))  # every GPU block overwritten by someone else
+    with engine.batch():
+        assert all(engine.rotate_in(s) is None for s in seqs)  # the ticket comes at the end
+    [record] = engine.history[issued + 1:]
+    assert record.reason == "rotate-in" and record.num_blocks == sum(moved)
+    if delay:
+        [ticket] = transport.in_flight
+        assert all(engine.loading[s] is ticket for s in seqs)
+    engine.wait_all()
+    for seq, blocks in zip(seqs, before):
+        np.testing.assert_array_equal(world.pool_now()[world.blocks.block_table(seq)], blocks)
+    engine.check()
+
+
+def test_a_copy_in_waits_for_a_copy_out_of_its_host_blocks_in_the_same_batch(rng):
+    world = World(rng, delay=2)
+    seq = world.new(6)  # a full block (mirrored eagerly) and a dirty tail
+    engine = world.engine
+    with engine.batch():
+        assert engine.rotate_out(seq) == 1
+        engine.rotate_in(seq)
+    copy_out, copy_in = engine.transport.in_flight[-2:]
+    assert copy_out in copy_in.after  # the tail's host block is written by the first
+    engine.wait_all()
+    world.assert_contents()
+    engine.check()
+
+
+def test_a_refused_move_inside_a_batch_still_issues_what_was_collected(rng):
+    world = World(rng, num_blocks=8, host_blocks=3, delay=1, eager=False)
+    a, b = world.new(7), world.new(9)  # 2 and 3 blocks: the host holds only the first
+    engine = world.engine
+    with pytest.raises(OutOfHostBlocks):
+        with engine.batch():
+            engine.rotate_out(a)
+            engine.rotate_out(b)
+    assert [r.reason for r in engine.history] == ["rotate-out"]
+    assert engine.is_rotated(a) and b in world.resident()
+    engine.check()
+    engine.wait_all()
+    world.assert_contents()
+
+
+def test_waiting_or_asking_ready_inside_a_batch_is_refused(rng):
+    world = World(rng, delay=1)
+    seq = world.new(5)
+    with world.engine.batch():
+        world.engine.rotate_out(seq)
+        for call in (lambda: world.engine.ready(seq), world.engine.wait_for_draining,
+                     world.engine.wait_all):
+            with pytest.raises(RuntimeError, match="inside a copy batch"):
+                call()
+    world.engine.wait_for_draining()  # outside: the tail's copy exists, it lands
+    assert world.blocks.num_draining == 0
+
+
 OPS = st.lists(st.tuples(st.sampled_from(["new", "decode", "decode", "decode", "out", "in",
                                           "finish", "tick", "tick"]),
                          st.integers(0, 1000), st.integers(1, 9)), min_size=15, max_size=45)
