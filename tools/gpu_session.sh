@@ -33,7 +33,7 @@ serving)
 timeout 150 python3 -m blink_edu.bench.serve --start-server --single-stream \
   --request-rates 25,50,100,200,inf --num-prompts 300 2>&1 | grep -v -i warn | tail -12
 cp bench/results/slo.json "$OUT/slo.json"  # --real merges into the simulator's results
-timeout 540 python3 -m blink_edu.bench.slo --real --executor graph --rates auto --num-requests 200 \
+timeout 420 python3 -m blink_edu.bench.slo --real --executor graph --rates auto --num-requests 200 \
   --policies fcfs,lvf,waiting-first,swapped-first --out "$OUT" --no-progress 2>&1 | tail -12
 ;;
 *) echo "usage: $0 kernels|serving" >&2; exit 2 ;;
