@@ -34,7 +34,8 @@ from ..backend import get_backend
 from ..kernels.reduce import THREADS, cuda
 from ..kernels.sync import globaltimer_ns, load_acquire, store_release
 from . import persistent_kernel as pk
-from .forward_ops import forward_op_kernel, num_ops, op_grid, op_of, LM_HEAD, QKV, O_PROJ, GATE_UP, DOWN
+from .forward_ops import (DOWN, GATE_UP, LM_HEAD, O_PROJ, QKV, forward_op_kernel, num_ops, op_grid,
+                          op_of)
 
 MAX_LAUNCHES = 100  # per execution of the scheduler graph (CUDA allows 120 fire-and-forget)
 

@@ -228,7 +228,8 @@ class PersistentExecutor:
         kernel = gd.graph_dispatch_scheduler_kernel
         kernel.compile(tuple(kernel.typeof_pyval(a) for a in args))  # not inside the capture
         stream = cuda.external_stream(self._stream.ptr)
-        scheduler = gd.capture_device_graph(self._stream.ptr, lambda: kernel[1, THREADS, stream](*args))
+        scheduler = gd.capture_device_graph(self._stream.ptr,
+                                            lambda: kernel[1, THREADS, stream](*args))
         self._graphs = (forward, scheduler)
         self.grid_blocks = 1
         gd.launch_graph(scheduler[1], self._stream.ptr)
