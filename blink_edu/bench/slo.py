@@ -123,6 +123,16 @@ def parse_rates(text: str):
     return rates
 
 
+def positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
+    return value
+
+
 def parse_args(argv=None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(prog="python -m blink_edu.bench.slo",
                                  description=__doc__.splitlines()[0])
@@ -135,14 +145,15 @@ def parse_args(argv=None) -> argparse.Namespace:
                     help="req/s, comma-separated; with --real also 'auto' (the simulator picks)")
     ap.add_argument("--policies", type=lambda s: s.split(","), default=None,
                     help=f"comma-separated, from {', '.join(POLICIES)}")
-    ap.add_argument("--num-requests", type=int, default=None)
+    ap.add_argument("--num-requests", type=positive_int, default=None)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", default=None, help="results folder (default bench/results)")
     ap.add_argument("--no-plot", action="store_true")
     ap.add_argument("--executor", default=None,
                     help="--real: reference (CPU) or graph (GPU); default: the backend's")
-    ap.add_argument("--kv-blocks", type=int, default=96, help="--real: the engine's KV pool")
-    ap.add_argument("--calibration-requests", type=int, default=24,
+    ap.add_argument("--kv-blocks", type=positive_int, default=96,
+                    help="--real: the engine's KV pool (16-token blocks)")
+    ap.add_argument("--calibration-requests", type=positive_int, default=24,
                     help="--real: requests in each calibration burst")
     ap.add_argument("--no-progress", action="store_true")
     args = ap.parse_args(argv)
@@ -153,6 +164,11 @@ def parse_args(argv=None) -> argparse.Namespace:
         ap.error("--rates auto is for --real (the simulator picks the real run's rates)")
     if args.real:
         from ..engine.llm_engine import default_executor
+        from .slo_real import blocks_for_longest_request
+
+        if args.kv_blocks < blocks_for_longest_request():
+            ap.error(f"--kv-blocks {args.kv_blocks}: the workload's longest request needs "
+                     f"{blocks_for_longest_request()} blocks of 16 tokens")
 
         args.executor = args.executor or default_executor()
         args.rates = args.rates or [12.0, 24.0]

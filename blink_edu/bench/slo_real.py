@@ -94,11 +94,16 @@ def engine_config(args, policy: str, num_requests: int) -> EngineConfig:
     engine's host arena is made big enough never to refuse a rotation (which would fall back to
     a recompute): a mirror of every GPU block, plus every request's longest KV at once."""
     rotary = POLICIES[policy].preemption == "rotary"
-    longest = blocks_needed(LENGTHS.max_model_len, 16)
+    longest = blocks_for_longest_request()
     return EngineConfig(executor=args.executor, block_size=16, num_kv_blocks=args.kv_blocks,
                         max_num_seqs=16, max_num_batched_tokens=256,
                         preemption="rotate" if rotary else "recompute",
                         num_host_kv_blocks=args.kv_blocks + num_requests * longest, policy=policy)
+
+
+def blocks_for_longest_request() -> int:
+    """KV blocks (16 tokens) of the workload's longest request: the pool must hold one."""
+    return blocks_needed(LENGTHS.max_model_len, 16)
 
 
 def transfer_budget_blocks(num_gpu_blocks: int) -> int:

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from blink_edu.bench import slo
 from blink_edu.sched import POLICIES
 
@@ -55,8 +57,6 @@ def test_tiny_real_run_is_added_beside_the_sweep(tmp_path, capsys):
 
 
 def test_unknown_policy_is_refused(capsys):
-    import pytest
-
     with pytest.raises(SystemExit):
         slo.main(["--sim", "--policies", "lvf,nope"])
     assert "unknown policy" in capsys.readouterr().err
@@ -68,3 +68,14 @@ def test_non_positive_rates_are_refused(capsys):
     with pytest.raises(SystemExit):
         slo.main(["--sim", "--rates", "2,0"])
     assert "rates must be positive" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--real", "--kv-blocks", "8"], "longest request needs 32 blocks"),
+    (["--real", "--calibration-requests", "0"], "must be >= 1"),
+    (["--sim", "--num-requests", "x"], "expected an integer"),
+])
+def test_bad_arguments_are_refused_before_any_work(capsys, args, message):
+    with pytest.raises(SystemExit):
+        slo.main(args)
+    assert message in capsys.readouterr().err
