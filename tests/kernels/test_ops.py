@@ -27,7 +27,9 @@ def dev(a):
 
 def ragged_batch(rng, n_seqs, block_size, num_blocks, max_len):
     """A flat batch: per sequence a context length and 1..3 new tokens at its end, with scattered
-    block tables. Returns positions (T,), seq_rows (T,), block_tables (S, W)."""
+    block tables. Returns positions (T,), seq_rows (T,), block_tables (S, W). Lengths stay below
+    ``max_len`` and short enough for every sequence's blocks to fit the ``num_blocks``."""
+    max_len = min(max_len, (num_blocks // n_seqs) * block_size + 1)
     lengths = rng.integers(1, max_len, size=n_seqs)
     width = -(-int(lengths.max()) // block_size)
     blocks = rng.permutation(num_blocks)
@@ -116,7 +118,7 @@ def test_paged_attention_over_a_ragged_batch(rng, kv_heads):
     cfg = tiny_config(rng, heads=4, kv_heads=kv_heads)
     H, K, E, B, N = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, 4, 40
     max_len = 3 * THREADS // 2 + 5  # contexts longer than one chunk of THREADS positions
-    positions, seq_rows, tables = ragged_batch(rng, 3, B, N, min(max_len, N * B // 3))
+    positions, seq_rows, tables = ragged_batch(rng, 3, B, N, max_len)
     T = len(positions)
     q = rng.standard_normal((T, H, E)).astype(np.float32)
     qkv = np.concatenate([q.reshape(T, -1), rng.standard_normal((T, 2 * K * E))], 1).astype(np.float32)
