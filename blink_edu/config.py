@@ -251,6 +251,9 @@ PERSISTENT_EXECUTORS = ("persistent", "persistent-graph")
 POLICY_NAMES = ("fcfs", "lvf", "waiting-first", "swapped-first")  # sched/policies.py's POLICIES
 
 
+KV_TRANSPORTS = ("mapped", "staged")  # kv/transfer.py's MappedTransport, DeviceTransport
+
+
 @dataclass(frozen=True)
 class EngineConfig:
     """How the engine batches and where KV lives.
@@ -273,6 +276,10 @@ class EngineConfig:
     # (None: 2 x num_kv_blocks -- room for a mirror of every GPU block plus as many rotated out).
     preemption: str = "recompute"
     num_host_kv_blocks: int | None = None
+    # How the kernel executors' rotations move blocks (kv/transfer.py): "mapped" (zero-copy, one
+    # kernel per batch: a few microseconds of host time) or "staged" (gather + one cudaMemcpy
+    # per run of host blocks: more bandwidth, more host time).
+    kv_transport: str = "mapped"
     # Who runs, waits or rotates out each step (SuperInfer §3): "fcfs" is the scheduler's own
     # FCFS with recompute preemption (vLLM v1); "lvf" (Largest-VLT-First), "waiting-first" and
     # "swapped-first" are sched/policies.py's, best with preemption="rotate".
@@ -286,6 +293,9 @@ class EngineConfig:
             raise ValueError(f"weight_dtype must be auto, float32 or float16, got {self.weight_dtype!r}")
         if self.preemption not in ("recompute", "rotate"):
             raise ValueError(f"preemption must be recompute or rotate, got {self.preemption!r}")
+        if self.kv_transport not in KV_TRANSPORTS:
+            raise ValueError(f"kv_transport must be one of {', '.join(KV_TRANSPORTS)}, got "
+                             f"{self.kv_transport!r}")
         if self.num_host_kv_blocks is not None and self.num_host_kv_blocks < 1:
             raise ValueError(f"EngineConfig.num_host_kv_blocks must be >= 1, got {self.num_host_kv_blocks}")
         if self.policy not in POLICY_NAMES:

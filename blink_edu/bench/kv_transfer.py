@@ -14,7 +14,15 @@ per layer, 4 MiB per block) move between GPU memory and pinned host memory, seve
                     skipped where the runtime lacks it);
 3. ``batched``      DuplexKV's transport (``kv/transfer.py``): blocks gathered by a Numba kernel
                     into a 64 MiB staging buffer, one copy per staging load;
-4. ``duplex``       the same transport, copy-out and copy-in at once on their two streams.
+4. ``duplex``       the same transport, copy-out and copy-in at once on their two streams;
+5. ``mapped``       the engine's default transport on a GPU (``MappedTransport``): no staging and
+                    no memcpy -- one Numba kernel reads and writes the mapped host arena across
+                    PCIe; ``mapped_duplex`` both ways at once.
+
+Besides bandwidth, what the *host* pays to issue one ticket (``ticket_issue``: median
+microseconds of the ``copy_out`` call alone, staged against mapped, for 1, 16 and 64 blocks whose
+host blocks are scattered, one run each): in a server that rotates a dozen requests a step, that
+host time, not the link, is what the step feels.
 
 Each is timed end to end on the host (issue to completion, so Python's per-copy cost counts, as
 it does in a server), after a warm-up, median of several runs, one way in each direction; GB/s is
@@ -44,7 +52,7 @@ from ..backend import get_backend  # first: installs the NumPy 2.5 shim before n
 from ..kv.block_manager import COPY_IN, COPY_OUT, BlockManager
 from ..kv.host_store import HostKVStore
 from ..kv.rotation import RotationEngine
-from ..kv.transfer import DeviceTransport, NumpyTransport
+from ..kv.transfer import DeviceTransport, MappedTransport, NumpyTransport
 from .results import print_table, write_results
 
 KiB, MiB, GiB = 1 << 10, 1 << 20, 1 << 30
@@ -133,6 +141,9 @@ class CupyLink:
     def transport(self, pool, host):
         return DeviceTransport(pool, host)
 
+    def mapped_transport(self, pool, host):
+        return MappedTransport(pool, host)
+
 
 class NumpyLink:
     """The CPU stand-in for ``--tiny`` without a GPU: NumPy 'device' arrays, synchronous copies."""
@@ -169,6 +180,9 @@ class NumpyLink:
     def transport(self, pool, host):
         return NumpyTransport(pool, host)
 
+    def mapped_transport(self, pool, host):
+        return None  # a kernel over mapped host memory needs a GPU
+
 
 class Bench:
     def __init__(self, link, g: Geometry, num_blocks: int, move_blocks: int, repeats: int,
@@ -179,6 +193,7 @@ class Bench:
         self.host = HostKVStore(num_blocks, g.block_shape, np.float16,
                                 pinned=link.name == "gpu")  # (H, L, 2, B, K, E)
         self.transport = link.transport(self.pool, self.host)
+        self.mapped = link.mapped_transport(self.pool, self.host)
         self.stream = link.stream()
         rng = np.random.default_rng(seed)
         # Scattered GPU blocks (as a paged pool's are) to one contiguous host range, and back.
@@ -250,9 +265,11 @@ class Bench:
 
         return self.wall_seconds(issue, [self.stream])
 
-    def transport_seconds(self, directions: tuple[int, ...]) -> float:
-        """DuplexKV's transport: one batched ticket per direction, issued together."""
-        t = self.transport
+    def transport_seconds(self, directions: tuple[int, ...], t) -> float:
+        """A transport (``self.transport``: DuplexKV's staged one, or ``self.mapped``): one
+        batched ticket per direction, issued together."""
+        if t is None:
+            raise RuntimeError("MappedTransport needs a GPU")
 
         def issue():
             tickets = [t.copy_out(self.out_gpu, self.out_host) if d == COPY_OUT
@@ -262,6 +279,34 @@ class Bench:
             t.poll()
 
         return self.wall_seconds(issue)
+
+    def ticket_issue(self, counts=(1, 16, 64)) -> list[dict]:
+        """Host microseconds of one ``copy_out`` call (issue only, median), staged and mapped,
+        for ``counts`` blocks whose host blocks are every other one (a run each)."""
+        rows = []
+        for name, t in (("staged", self.transport), ("mapped", self.mapped)):
+            for n in counts:
+                n = min(n, len(self.out_gpu))
+                row = {"transport": name, "blocks": n}
+                if t is None or self.time_left() <= 0:
+                    row["error"] = "needs a GPU" if t is None else "skipped: time budget spent"
+                    rows.append(row)
+                    continue
+                gpu, host = self.out_gpu[:n], np.arange(0, 2 * n, 2, dtype=np.int32)
+                times = []
+                for i in range(2 * self.repeats + 1):
+                    self.link.synchronize()
+                    start = time.perf_counter()
+                    ticket = t.copy_out(gpu, host)
+                    if i:
+                        times.append(time.perf_counter() - start)
+                    t.wait(ticket)
+                    t.poll()
+                row["issue_us"] = statistics.median(times) * 1e6
+                print(f"  {name:>7} ticket of {n:3d} blocks: {row['issue_us']:8.1f} us of host time",
+                      flush=True)
+                rows.append(row)
+        return rows
 
     def ladder(self) -> list[dict]:
         rows = []
@@ -273,14 +318,21 @@ class Bench:
             ("merged", lambda d: self.per_copy(self.block_first_copies(*self._ids(d)), d == COPY_OUT),
              lambda: 1),
             ("memcpy_batch", lambda d: self.memcpy_batch(d == COPY_OUT), lambda: 1),
-            ("batched", lambda d: self.transport_seconds((d,)), lambda: 1),
+            ("batched", lambda d: self.transport_seconds((d,), self.transport), lambda: 1),
         ]
         for name, seconds, copies_per_block in variants:
             for direction, label in ((COPY_OUT, "out (D2H)"), (COPY_IN, "in (H2D)")):
                 rows.append(self._row(name, label, lambda: seconds(direction), self.move_bytes,
                                       copies_per_block()))
         rows.append(self._row("duplex", "both at once",
-                              lambda: self.transport_seconds((COPY_OUT, COPY_IN)),
+                              lambda: self.transport_seconds((COPY_OUT, COPY_IN), self.transport),
+                              2 * self.move_bytes, 1))
+        for direction, label in ((COPY_OUT, "out (D2H)"), (COPY_IN, "in (H2D)")):
+            rows.append(self._row("mapped", label,
+                                  lambda: self.transport_seconds((direction,), self.mapped),
+                                  self.move_bytes, 1))
+        rows.append(self._row("mapped_duplex", "both at once",
+                              lambda: self.transport_seconds((COPY_OUT, COPY_IN), self.mapped),
                               2 * self.move_bytes, 1))
         return rows
 
@@ -430,6 +482,8 @@ def summarize(ladder: list[dict], sweep: list[dict], rotations: list[dict],
         "merged_gbps": gbps.get(("merged", out)), "memcpy_batch_gbps": gbps.get(("memcpy_batch", out)),
         "batched_gbps": gbps.get(("batched", out)), "batched_in_gbps": gbps.get(("batched", into)),
         "duplex_total_gbps": gbps.get(("duplex", "both at once")),
+        "mapped_gbps": gbps.get(("mapped", out)), "mapped_in_gbps": gbps.get(("mapped", into)),
+        "mapped_duplex_total_gbps": gbps.get(("mapped_duplex", "both at once")),
         "link_peak_gbps": peak_out, "link_peak_in_gbps": peak_in,
         # the most both directions at once ever moved here, as plain copies (the duplex ceiling)
         "link_duplex_peak_gbps": raw_both, "link_duplex_over_one_way_peak": _ratio(raw_both, peak_out),
@@ -491,6 +545,8 @@ def main(argv=None) -> int:
     ladder = bench.ladder()
     print("the link, raw copies over 1, 2 and 4 streams a way:", flush=True)
     link_rows = bench.link_rows()
+    print("host time to issue one ticket:", flush=True)
+    tickets = bench.ticket_issue()
     print("bandwidth against copy size:", flush=True)
     sweep = bench.size_sweep(sizes)
     print("rotate-out of a long request:", flush=True)
@@ -498,8 +554,8 @@ def main(argv=None) -> int:
     summary = summarize(ladder, sweep, rotations, link_rows)
     peak = summary["link_peak_gbps"]
     for row in ladder:
-        row["fraction_of_peak"] = _ratio(row.get("gbps"), peak * (2 if row["variant"] == "duplex" else 1)
-                                         if peak else None)
+        both = row["direction"] == "both at once"
+        row["fraction_of_peak"] = _ratio(row.get("gbps"), peak * (2 if both else 1) if peak else None)
     print()
     print_table(ladder, ["variant", "direction", "copy_bytes", "gbps", "fraction_of_peak", "seconds", "error"])
     print()
@@ -508,6 +564,7 @@ def main(argv=None) -> int:
     for key in ("naive_gbps", "batched_gbps", "duplex_total_gbps", "link_peak_gbps",
                 "link_duplex_peak_gbps", "link_duplex_over_one_way_peak",
                 "batched_fraction_of_peak", "duplex_over_batched", "naive_over_duplex_time",
+                "mapped_gbps", "mapped_in_gbps", "mapped_duplex_total_gbps",
                 "rotate_out_ms_eager", "rotate_out_ms_no_eager", "rotate_out_blocks_eager",
                 "rotate_out_blocks_no_eager"):
         print(f"{key:>28}: {summary[key]}")
@@ -521,8 +578,11 @@ def main(argv=None) -> int:
               "wall_seconds": time.monotonic() - started}
     print_table(link_rows, ["variant", "direction", "gbps", "seconds", "error"])
     print()
+    print_table(tickets, ["transport", "blocks", "issue_us", "error"])
+    print()
     path = write_results("kv_transfer", config, {"ladder": ladder, "link": link_rows, "size_sweep": sweep,
-                                                 "rotate_out": rotations}, summary)
+                                                 "rotate_out": rotations, "ticket_issue": tickets},
+                         summary)
     print(f"wrote {path} ({time.monotonic() - started:.1f} s)", flush=True)
     return 0
 

@@ -123,6 +123,11 @@ def parse_rates(text: str):
     return rates
 
 
+def parse_budget(text: str):
+    """--transfer-budget: blocks per iteration, or 'auto' (--real: the simulator picks)."""
+    return text if text == "auto" else positive_int(text)
+
+
 def positive_int(text: str) -> int:
     try:
         value = int(text)
@@ -155,6 +160,9 @@ def parse_args(argv=None) -> argparse.Namespace:
                     help="--real: the engine's KV pool (16-token blocks)")
     ap.add_argument("--calibration-requests", type=positive_int, default=24,
                     help="--real: requests in each calibration burst")
+    ap.add_argument("--transfer-budget", type=parse_budget, default="auto",
+                    help="--real: RotaSched's B_xfer in blocks per iteration, or 'auto': the "
+                         "simulator, calibrated on this machine, picks it with the rates")
     ap.add_argument("--no-progress", action="store_true")
     args = ap.parse_args(argv)
     for name in args.policies or ():

@@ -12,12 +12,17 @@ The experiment:
 1. **calibrate** the simulator's step-time model on this machine and executor: replay a burst
    (every request at t=0) under FCFS and under LVF with the very loop that the measured runs use
    (``replay``), and fit ``iteration = a + b * batched tokens + c * context tokens + d * requests
-   moved`` over every iteration that ran the model -- an iteration being everything the loop
+   moved + e * ranked`` (ranked: the policy sorted the requests by VLT -- LVF under memory
+   pressure) over every iteration that ran the model -- an iteration being everything the loop
    does from one model step to the next (arrivals, scheduling, policy, rotations, the model,
    handing tokens out), which is what the simulator charges for a step;
 2. build a preset from it (the same KV pool, block size, batch limits; SLOs scaled to the step as
-   the paper's are: S_B = 5 x the median iteration, S_F = 50 S_B; the paper's transfer budget
-   scaled to our pool by its ratio to the paper's pool);
+   the paper's are: S_B = 5 x the median iteration, S_F = 50 S_B);
+   ``--transfer-budget auto`` (the default) lets the simulator pick B_xfer, the blocks RotaSched
+   may rotate in per iteration, with the rates (``choose_plan``): on the GPU every request moved
+   costs the host tens of microseconds against a ~1 ms step, so the paper's budget scaled to our
+   pool (58 blocks: a dozen requests per step) would spend the TBT SLO on bookkeeping -- as
+   SuperInfer sizes B_xfer to what its hardware moves in an iteration, we size it to ours;
 3. for each rate and policy, replay one seeded Poisson workload with ShareGPT-like log-normal
    lengths (``sim.workload``) on the engine in real time -- requests are added when their arrival
    time comes, token times are taken as the engine returns them -- and in the simulator;
@@ -29,9 +34,12 @@ The experiment:
 from __future__ import annotations
 
 import math
+import multiprocessing
+import os
 import statistics
 import time
-from dataclasses import dataclass, field
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass, field, replace
 from typing import NamedTuple
 
 import numpy as np
@@ -76,6 +84,7 @@ class Iteration(NamedTuple):
     tokens: int  # batched tokens
     context: int  # context tokens: every scheduled sequence's cached + scheduled tokens
     moved: int  # requests moved: recomputed, rotated out, rotated in
+    ranked: int  # 1 if the policy ranked the requests by VLT this iteration (LVF under pressure)
     seconds: float  # from this iteration's start to the next one's: everything the loop does
 
 
@@ -116,10 +125,12 @@ def transfer_budget_blocks(num_gpu_blocks: int) -> int:
 def rotasched_config(args, step_s: float) -> RotaSchedConfig:
     """The RotaSched parameters of this experiment, for the engine and the simulator alike: the
     paper's alpha and betas; its SLOs as multiples of the step (S_B = 5 steps, S_F = 50 S_B: its
-    100 ms and 5 s against a ~20 ms step); its transfer budget scaled to our pool."""
+    100 ms and 5 s against a ~20 ms step); ``--transfer-budget``, or (auto, until
+    ``choose_plan`` picks one) the paper's budget scaled to our pool."""
     tbt = 5 * step_s
-    return RotaSchedConfig(ttft_slo_s=50 * tbt, tbt_slo_s=tbt,
-                           transfer_budget_blocks=transfer_budget_blocks(args.kv_blocks))
+    budget = args.transfer_budget
+    return RotaSchedConfig(ttft_slo_s=50 * tbt, tbt_slo_s=tbt, transfer_budget_blocks=(
+        transfer_budget_blocks(args.kv_blocks) if budget == "auto" else budget))
 
 
 class BatchRecorder:
@@ -167,7 +178,8 @@ def replay(weights, args, executor, policy: str, rotasched: RotaSchedConfig | No
     measured = {s.request_id: MeasuredRequest(s) for s in workload}
     pending = sorted(workload, key=lambda s: s.arrival_time)
     iterations = []
-    unclosed = None  # the last iteration that ran the model: (tokens, context, moved, its start)
+    unclosed = None  # the last iteration that ran the model: (tokens, context, moved, ranked,
+    #                  its start)
     start = time.perf_counter()
     while pending or engine.has_unfinished():
         began = time.perf_counter()
@@ -186,7 +198,8 @@ def replay(weights, args, executor, policy: str, rotasched: RotaSchedConfig | No
         outputs = engine.step()
         record_tokens(measured, outputs, time.perf_counter() - start)
         if len(recorder.batches) > steps_before:
-            unclosed = (*recorder.batches[-1], requests_moved(sched) - moved_before, began)
+            ranked = int(getattr(sched.last_decision, "vlt", None) is not None)
+            unclosed = (*recorder.batches[-1], requests_moved(sched) - moved_before, ranked, began)
     if unclosed is not None:
         iterations.append(closed(unclosed, time.perf_counter()))
     counts = {"recomputes": sched.num_recomputes, "rotations": sched.num_rotations,
@@ -196,10 +209,10 @@ def replay(weights, args, executor, policy: str, rotasched: RotaSchedConfig | No
     return Replay(list(measured.values()), iterations, counts)
 
 
-def closed(unclosed: tuple[int, int, int, float], next_start: float) -> Iteration:
+def closed(unclosed: tuple[int, int, int, int, float], next_start: float) -> Iteration:
     """The iteration that began at ``unclosed[-1]``, lasting until the next one began."""
-    tokens, context, moved, began = unclosed
-    return Iteration(tokens, context, moved, next_start - began)
+    *counts, began = unclosed
+    return Iteration(*counts, next_start - began)
 
 
 def record_tokens(measured: dict, outputs, t: float) -> None:
@@ -230,13 +243,15 @@ def warm_up(weights, args, executor, rng) -> None:
 
 @dataclass(frozen=True)
 class Calibration:
-    """``iteration = a + b * batched tokens + c * context tokens + d * requests moved``, fitted on
-    this machine; ``step_s`` the median FCFS iteration that moved nobody."""
+    """``iteration = a + b * batched tokens + c * context tokens + d * requests moved
+    + e * ranked`` (1 when the policy ranked by VLT), fitted on this machine; ``step_s`` the
+    median FCFS iteration that moved nobody."""
 
     a: float
     b: float
     c: float
     d: float
+    e: float
     step_s: float
 
 
@@ -249,10 +264,11 @@ def calibrate(weights, args, executor, rng) -> tuple[Calibration, RotaSchedConfi
     step_s = statistics.median(i.seconds for i in fcfs if i.moved == 0)
     rotasched = rotasched_config(args, step_s)
     lvf = replay(weights, args, executor, "lvf", rotasched, requests, rng).iterations
-    tokens, context, moved, seconds = (np.array(v, dtype=np.float64) for v in zip(*fcfs, *lvf))
-    design = np.stack([np.ones_like(tokens), tokens, context, moved], axis=1)  # (iterations, 4)
-    a, b, c, d = nonnegative_lstsq(design, seconds)
-    return Calibration(a, b, c, d, step_s), rotasched
+    tokens, context, moved, ranked, seconds = (np.array(v, dtype=np.float64)
+                                               for v in zip(*fcfs, *lvf))  # (iterations,) each
+    design = np.stack([np.ones_like(tokens), tokens, context, moved, ranked], axis=1)  # (I, 5)
+    a, b, c, d, e = nonnegative_lstsq(design, seconds)
+    return Calibration(a, b, c, d, e, step_s), rotasched
 
 
 def nonnegative_lstsq(design: np.ndarray, y: np.ndarray) -> list[float]:
@@ -278,12 +294,12 @@ def link_for(executor: str) -> BandwidthCurve:
 
 def preset_for(weights, args, cal: Calibration, rotasched: RotaSchedConfig) -> Preset:
     block_bytes = block_nbytes(weights.config, 16, itemsize=4)
-    paper = qwen_gh200()
     return Preset(
         name=f"bundled-{args.executor}-measured",
         description="the bundled model on this machine, step time fitted just now",
         cost=CostModel(fixed_s=cal.a, per_token_s=cal.b, per_context_token_s=cal.c,
-                       block_bytes=block_bytes, link=link_for(args.executor), per_move_s=cal.d),
+                       block_bytes=block_bytes, link=link_for(args.executor), per_move_s=cal.d,
+                       per_ranked_step_s=cal.e),
         num_gpu_blocks=args.kv_blocks, max_num_seqs=16, max_num_batched_tokens=256,
         transfer_budget_blocks=rotasched.transfer_budget_blocks, lengths=LENGTHS,
         rates=() if args.rates == "auto" else tuple(args.rates),
@@ -291,13 +307,22 @@ def preset_for(weights, args, cal: Calibration, rotasched: RotaSchedConfig) -> P
         tbt_slo_s=rotasched.tbt_slo_s,
         sources={"step_time": f"fitted on this machine: a={cal.a * 1e3:.2f} ms, b="
                               f"{cal.b * 1e6:.1f} us/token, c={cal.c * 1e9:.1f} ns/context token, "
-                              f"d={cal.d * 1e6:.0f} us per request moved",
+                              f"d={cal.d * 1e6:.0f} us per request moved, e={cal.e * 1e6:.0f} us "
+                              f"per step ranked by VLT",
                  "slos": f"S_B = 5 x the median FCFS iteration ({cal.step_s * 1e3:.2f} ms), "
                          f"S_F = 50 S_B (the paper's ratios to its step time)",
-                 "transfer_budget": f"SuperInfer's B_xfer scaled to this pool: {args.kv_blocks} x "
-                                    f"{paper.transfer_budget_blocks} / {paper.num_gpu_blocks} "
-                                    f"(qwen2.5-32b-gh200's KV blocks) = "
-                                    f"{rotasched.transfer_budget_blocks} blocks"})
+                 "transfer_budget": budget_source(args, rotasched.transfer_budget_blocks)})
+
+
+def budget_source(args, budget: int) -> str:
+    paper = qwen_gh200()
+    scaled = (f"SuperInfer's B_xfer scaled to this pool: {args.kv_blocks} x "
+              f"{paper.transfer_budget_blocks} / {paper.num_gpu_blocks} (qwen2.5-32b-gh200's KV "
+              f"blocks) = {transfer_budget_blocks(args.kv_blocks)}")
+    if args.transfer_budget != "auto":
+        return f"--transfer-budget {budget} blocks ({scaled})"
+    return (f"{budget} blocks: chosen by the simulator calibrated on this machine among "
+            f"{budget_candidates(args)} ({scaled})")
 
 
 def score(requests, ttft_slo_s: float, tbt_slo_s: float) -> dict:
@@ -311,35 +336,61 @@ def score(requests, ttft_slo_s: float, tbt_slo_s: float) -> dict:
             "p99_ttft_ms": float(np.percentile(ttfts, 99)) * 1e3 if ttfts else None}
 
 
-def choose_rates(preset: Preset, config, num_requests: int, seed: int,
-                 step_s: float) -> list[float]:
-    """``--rates auto``: the simulator picks where to measure, over a grid of rates around what
-    the KV pool sustains. Where it predicts the issue's target (LVF's TTFT attainment 30+ points
-    above FCFS's, TBT within 5), the best such rate and the grid rate below it; where it
-    predicts none, the first two rates at which FCFS misses TTFT SLOs (where the policies part).
-    The real run then tests the simulator's prediction where it matters."""
+def budget_candidates(args) -> list[int]:
+    """B_xfer values ``--transfer-budget auto`` tries: powers of two from 4 blocks (one short
+    request) up to the paper's budget scaled to our pool, and that one."""
+    scaled = transfer_budget_blocks(args.kv_blocks)
+    return sorted({b for b in (4, 8, 16, 32, 64) if b < scaled} | {scaled})
+
+
+def predict(job: tuple) -> dict:
+    """The simulator's LVF - FCFS attainment gaps for one (preset, config, rate): a process-pool
+    task (module level, plain arguments)."""
+    preset, config, rate, num_requests, seed = job
+    workload = poisson_workload(num_requests, rate, LENGTHS, seed)
+    got = {p: score(simulate(preset, make_policy(p, config), workload).requests,
+                    config.ttft_slo_s, config.tbt_slo_s) for p in ("fcfs", "lvf")}
+    return {"budget": config.transfer_budget_blocks, "rate": rate,
+            "ttft_pts": got["lvf"]["ttft_attainment_pct"] - got["fcfs"]["ttft_attainment_pct"],
+            "tbt_pts": got["lvf"]["tbt_attainment_pct"] - got["fcfs"]["tbt_attainment_pct"],
+            "fcfs_ttft_pct": got["fcfs"]["ttft_attainment_pct"]}
+
+
+def choose_plan(preset: Preset, config: RotaSchedConfig, args,
+                step_s: float) -> tuple[RotaSchedConfig, list[float], list[dict]]:
+    """``--rates auto`` and ``--transfer-budget auto``: the simulator picks where to measure,
+    over a grid of rates around what the KV pool sustains (x each candidate B_xfer when the
+    budget is auto; one process per core). Where it predicts the issue's target (LVF's TTFT
+    attainment 30+ points above FCFS's, TBT within 5), the budget and rate of the largest gain
+    and the grid rate below it; where it predicts none, the first two rates at which FCFS misses
+    TTFT SLOs (where the policies part), at the given or scaled budget. The real run then tests
+    the simulator's prediction where it matters. Returns (config, rates, every prediction)."""
     blocks_each = -(-(LENGTHS.input_mean + LENGTHS.output_mean) // preset.block_size)
     resident = min(preset.max_num_seqs, preset.num_gpu_blocks / blocks_each)
     capacity = resident / (LENGTHS.output_mean * step_s)  # req/s the KV pool sustains, roughly
-    grid = [round(capacity * f, 1) for f in np.geomspace(0.5, 2.0, 24)]  # the window is narrow
-    target, pressured = [], []
-    for rate in grid:
-        workload = poisson_workload(num_requests, rate, LENGTHS, seed)
-        got = {p: score(simulate(preset, make_policy(p, config), workload).requests,
-                        config.ttft_slo_s, config.tbt_slo_s) for p in ("fcfs", "lvf")}
-        gain = got["lvf"]["ttft_attainment_pct"] - got["fcfs"]["ttft_attainment_pct"]
-        tbt = got["lvf"]["tbt_attainment_pct"] - got["fcfs"]["tbt_attainment_pct"]
-        print(f"  auto rates: {rate:7.1f} req/s  sim LVF - FCFS TTFT {gain:+5.1f} pts, "
-              f"TBT {tbt:+5.1f} pts", flush=True)
-        if gain >= 30 and tbt >= -5:
-            target.append((gain, rate))
-        if got["fcfs"]["ttft_attainment_pct"] < 100:
-            pressured.append(rate)
+    grid = ([round(capacity * f, 1) for f in np.geomspace(0.5, 2.0, 24)]  # the window is narrow
+            if args.rates == "auto" else list(args.rates))
+    budgets = (budget_candidates(args) if args.transfer_budget == "auto"
+               else [config.transfer_budget_blocks])
+    jobs = [(replace(preset, transfer_budget_blocks=b), config.replace(transfer_budget_blocks=b),
+             rate, args.num_requests, args.seed) for b in budgets for rate in grid]
+    with ProcessPoolExecutor(min(len(jobs), os.cpu_count() or 1),
+                             mp_context=multiprocessing.get_context("spawn")) as pool:
+        predictions = list(pool.map(predict, jobs))
+    for p in predictions:
+        print(f"  sim: B_xfer {p['budget']:3d}  {p['rate']:7.1f} req/s  LVF - FCFS TTFT "
+              f"{p['ttft_pts']:+5.1f} pts, TBT {p['tbt_pts']:+5.1f} pts", flush=True)
+    target = [p for p in predictions if p["ttft_pts"] >= 30 and p["tbt_pts"] >= -5]
     if target:
-        best = max(target)[1]
-        below = [r for r in grid if r < best]
-        return below[-1:] + [best]
-    return pressured[:2] or grid[-2:]
+        best = max(target, key=lambda p: (p["ttft_pts"], p["tbt_pts"]))
+        budget, below = best["budget"], [r for r in grid if r < best["rate"]]
+        rates = below[-1:] + [best["rate"]] if args.rates == "auto" else grid
+    else:
+        budget = config.transfer_budget_blocks
+        pressured = [p["rate"] for p in predictions
+                     if p["budget"] == budget and p["fcfs_ttft_pct"] < 100]
+        rates = (pressured[:2] or grid[-2:]) if args.rates == "auto" else grid
+    return config.replace(transfer_budget_blocks=budget), rates, predictions
 
 
 def relative_error(sim, real):
@@ -359,12 +410,16 @@ def run_real_experiment(args) -> tuple[dict, dict, dict]:
     preset = preset_for(weights, args, cal, config)
     print(f"calibrated on this machine ({args.executor}): step = {cal.a * 1e3:.2f} ms + "
           f"{cal.b * 1e6:.1f} us/token + {cal.c * 1e9:.1f} ns/context token + "
-          f"{cal.d * 1e6:.0f} us per request moved; SLOs TTFT "
+          f"{cal.d * 1e6:.0f} us per request moved + {cal.e * 1e6:.0f} us per step ranked by "
+          f"VLT; SLOs TTFT "
           f"{config.ttft_slo_s * 1e3:.0f} ms, TPOT {config.tbt_slo_s * 1e3:.1f} ms; transfer "
           f"budget {config.transfer_budget_blocks} blocks", flush=True)
-    if args.rates == "auto":
-        args.rates = choose_rates(preset, config, args.num_requests, args.seed, cal.step_s)
-        print(f"rates chosen by the simulator: {args.rates}", flush=True)
+    predictions = []
+    if "auto" in (args.rates, args.transfer_budget):
+        config, args.rates, predictions = choose_plan(preset, config, args, cal.step_s)
+        preset = preset_for(weights, args, cal, config)
+        print(f"chosen by the simulator: B_xfer {config.transfer_budget_blocks} blocks, rates "
+              f"{args.rates}", flush=True)
     raw, errors = {}, []
     for rate in args.rates:
         workload = poisson_workload(args.num_requests, rate, LENGTHS, args.seed)
@@ -396,5 +451,6 @@ def run_real_experiment(args) -> tuple[dict, dict, dict]:
     cfg = {"mode": "real", "preset": preset.as_dict(), "rotasched": config.__dict__,
            "executor": args.executor, "kv_blocks": args.kv_blocks, "rates": args.rates,
            "policies": args.policies, "num_requests": args.num_requests, "seed": args.seed,
-           "calibration_requests": args.calibration_requests}
+           "calibration_requests": args.calibration_requests,
+           "transfer_budget": args.transfer_budget, "plan_predictions": predictions}
     return cfg, raw, summary

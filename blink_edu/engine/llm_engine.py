@@ -147,7 +147,7 @@ class LLMEngine:
         host_blocks = self.config.num_host_kv_blocks or 2 * self.config.num_kv_blocks
         return make_rotation_engine(self.scheduler.block_manager, pool, host_blocks,
                                     compute_stream=getattr(self.executor, "compute_stream", None),
-                                    eager=eager, delay=delay)
+                                    eager=eager, delay=delay, transport=self.config.kv_transport)
 
     def add_request(self, prompt_token_ids, params: SamplingParams | None = None,
                     request_id=None):

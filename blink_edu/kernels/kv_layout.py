@@ -13,7 +13,11 @@ The pool is block-first, ``(N, L, 2, B, K, E)``: one block is one contiguous row
     gather:   staging[i, :] = pool[rows[i], :]     for i < n     (pool -> staging)
     scatter:  pool[rows[i], :] = staging[i, :]     for i < n     (staging -> pool)
 
-One device function does both (``gather`` picks the direction). Its work item is one chunk of
+One device function, ``move_rows``, does every move: ``dst[dst_rows[i]] = src[src_rows[i]]``,
+where an empty index array stands for ``i`` itself -- a gather names only the source rows, a
+scatter only the destination rows, and a *mapped* copy (``kv/transfer.py``'s ``MappedTransport``:
+the host arena mapped into the GPU's address space, so the kernel reads and writes host memory
+itself, no staging buffer and no memcpy) names both. Its work item is one chunk of
 ``ROW_CHUNK`` words of one row; the threads of a CUDA block stride over the chunk's words, the CUDA
 blocks over the work items. Callers pass 2-D views of 64-bit words where the row length allows
 (``as_rows``): a block is copied 8 bytes per thread per iteration whatever the KV dtype.
@@ -29,26 +33,34 @@ ROW_CHUNK = 4096  # words of one row per work item
 
 
 @cuda.jit(device=True)
-def move_rows(src, dst, rows, gather, worker, n_workers):
-    """gather: dst[i] = src[rows[i]]; else dst[rows[i]] = src[i]. src, dst (rows, W) same dtype;
-    rows (n,) int32."""
+def move_rows(src, dst, src_rows, dst_rows, n, worker, n_workers):
+    """dst[dst_rows[i]] = src[src_rows[i]] for i < n. src, dst (rows, W) same dtype; src_rows,
+    dst_rows (>= n,) int32, or empty: an empty index array stands for ``i`` itself (gather:
+    ``dst_rows`` empty; scatter: ``src_rows`` empty; a mapped copy names both)."""
     W = src.shape[1]
     chunks = (W + ROW_CHUNK - 1) // ROW_CHUNK
-    for task in range(worker, rows.shape[0] * chunks, n_workers):
+    for task in range(worker, n * chunks, n_workers):
         i = task // chunks
         start = (task % chunks) * ROW_CHUNK
         stop = min(start + ROW_CHUNK, W)
-        r = rows[i]
+        s = src_rows[i] if src_rows.shape[0] > 0 else i
+        d = dst_rows[i] if dst_rows.shape[0] > 0 else i
         for w in range(start + cuda.threadIdx.x, stop, cuda.blockDim.x):
-            if gather:
-                dst[i, w] = src[r, w]
-            else:
-                dst[r, w] = src[i, w]
+            dst[d, w] = src[s, w]
 
 
 @cuda.jit
-def move_rows_kernel(src, dst, rows, gather):
-    move_rows(src, dst, rows, gather, cuda.blockIdx.x, cuda.gridDim.x)
+def move_rows_kernel(src, dst, src_rows, dst_rows):
+    """``move_rows`` over every row the index arrays name."""
+    n = max(src_rows.shape[0], dst_rows.shape[0])
+    move_rows(src, dst, src_rows, dst_rows, n, cuda.blockIdx.x, cuda.gridDim.x)
+
+
+@cuda.jit
+def move_counted_rows_kernel(src, dst, src_rows, dst_rows, count):
+    """``move_rows`` over the first ``count[0]`` rows: the count is read from memory when the
+    kernel runs, so one captured launch (a CUDA graph) serves every ticket size."""
+    move_rows(src, dst, src_rows, dst_rows, count[0], cuda.blockIdx.x, cuda.gridDim.x)
 
 
 def as_rows(blocks):
@@ -60,17 +72,29 @@ def as_rows(blocks):
     return rows
 
 
-def _launch(src, dst, rows, gather: bool, stream) -> None:
-    n_items = rows.shape[0] * -(-src.shape[1] // ROW_CHUNK)
-    move_rows_kernel[grid_for(n_items), THREADS, stream](src, dst, rows, gather)
+_NO_ROWS = None  # an empty int32 device array: "row i itself"
+
+
+def no_rows():
+    global _NO_ROWS
+    if _NO_ROWS is None:
+        _NO_ROWS = cuda.to_device(np.zeros(0, np.int32))
+    return _NO_ROWS
+
+
+def grid_for_rows(n_rows: int, row_words: int) -> int:
+    """CUDA blocks for moving ``n_rows`` rows of ``row_words`` words: one per work item."""
+    return grid_for(n_rows * -(-row_words // ROW_CHUNK))
 
 
 def gather_blocks(pool_rows, block_ids, staging_rows, stream=0) -> None:
     """staging_rows[i] = pool_rows[block_ids[i]] for i < len(block_ids). All device arrays:
     pool_rows (N, W), block_ids (n,) int32, staging_rows (>= n, W)."""
-    _launch(pool_rows, staging_rows, block_ids, True, stream)
+    grid = grid_for_rows(block_ids.shape[0], pool_rows.shape[1])
+    move_rows_kernel[grid, THREADS, stream](pool_rows, staging_rows, block_ids, no_rows())
 
 
 def scatter_blocks(staging_rows, block_ids, pool_rows, stream=0) -> None:
     """pool_rows[block_ids[i]] = staging_rows[i] for i < len(block_ids) (the inverse)."""
-    _launch(staging_rows, pool_rows, block_ids, False, stream)
+    grid = grid_for_rows(block_ids.shape[0], pool_rows.shape[1])
+    move_rows_kernel[grid, THREADS, stream](staging_rows, pool_rows, no_rows(), block_ids)

@@ -36,25 +36,52 @@ class OutOfHostBlocks(RuntimeError):
     """The host arena has too few free blocks for this rotation."""
 
 
-def allocate_pinned(shape: tuple[int, ...], dtype, pinned: bool) -> np.ndarray:
-    """A zeroed host array; page-locked (CuPy's pinned allocator) when ``pinned``."""
+def allocate_pinned(shape: tuple[int, ...], dtype, pinned: bool):
+    """(array, device view): a zeroed host array and, when ``pinned``, the GPU's view of the very
+    same bytes -- the array is page-locked and *mapped* into the GPU's address space (registered
+    with the driver, as the ring's mapped words are), so copy engines move it at full speed and a
+    kernel may read and write it directly (``kv/transfer.py``'s ``MappedTransport``). Not pinned:
+    (a NumPy array, None)."""
+    array = np.zeros(shape, dtype)
     if not pinned:
-        return np.zeros(shape, dtype)
-    import cupyx
+        return array, None
+    from numba.cuda.cudadrv import devicearray
 
-    array = cupyx.empty_pinned(shape, dtype)
+    from ..backend import get_backend
+
     array[...] = 0  # touch every page once, now, not in the middle of a timed copy
-    return array
+    ctx = get_backend().cuda.current_context()
+    mapping = ctx.mempin(array, array.ctypes.data, array.nbytes, mapped=True)
+    return array, devicearray.from_array_like(array, gpu_data=mapping)
 
 
-def consecutive_runs(ids: np.ndarray) -> list[tuple[int, int]]:
-    """Split ``ids`` (n,) into runs of consecutive values: [(offset into ids, run length)]."""
-    if len(ids) == 0:
-        return []
-    breaks = np.flatnonzero(np.diff(ids) != 1) + 1  # (r - 1,) where a new run starts
-    starts = np.concatenate(([0], breaks))
-    lengths = np.diff(np.concatenate((starts, [len(ids)])))
-    return list(zip(starts.tolist(), lengths.tolist()))
+def mapped_host_array(shape, dtype):
+    """(host array, device view) of one small buffer that the host writes and a kernel reads:
+    mapped pinned memory on a GPU; in Numba's simulator a NumPy array and a simulated device
+    view of it."""
+    from ..backend import get_backend
+
+    if get_backend().is_simulator:
+        from numba.cuda.simulator.cudadrv.devicearray import FakeCUDAArray
+
+        array = np.zeros(shape, dtype)
+        return array, FakeCUDAArray(array)
+    return allocate_pinned(shape, dtype, pinned=True)
+
+
+def consecutive_runs(ids) -> list[tuple[int, int]]:
+    """Split ``ids`` (n,) into runs of consecutive values: [(offset into ids, run length)].
+    (A plain loop: a ticket names a few dozen blocks, where NumPy's per-call cost dominates.)"""
+    runs: list[tuple[int, int]] = []
+    start, prev = 0, None
+    for i, h in enumerate(ids.tolist() if isinstance(ids, np.ndarray) else ids):
+        if prev is not None and h != prev + 1:
+            runs.append((start, i - start))
+            start = i
+        prev = h
+    if prev is not None:
+        runs.append((start, len(ids) - start))
+    return runs
 
 
 class HostKVStore:
@@ -64,14 +91,16 @@ class HostKVStore:
             raise ValueError(f"need num_blocks >= 1, got {num_blocks}")
         self.num_blocks = num_blocks
         self.pinned = pinned
-        self.blocks = allocate_pinned((num_blocks, *block_shape), dtype, pinned)  # (H, L, 2, B, K, E)
+        # (H, L, 2, B, K, E) on the host; pinned: the GPU's view of it too (else None)
+        self.blocks, self.device_blocks = allocate_pinned((num_blocks, *block_shape), dtype, pinned)
         self.is_free = np.ones(num_blocks, dtype=bool)  # (H,)
         self.in_flight = np.zeros(num_blocks, dtype=np.int32)  # (H,) copies in flight per block
         self._release_on_landing: set[int] = set()  # freed while in flight
+        self._num_free = num_blocks  # == is_free.sum(), kept as blocks come and go
 
     @property
     def num_free(self) -> int:
-        return int(self.is_free.sum())
+        return self._num_free
 
     @property
     def num_used(self) -> int:
@@ -88,12 +117,17 @@ class HostKVStore:
             raise OutOfHostBlocks(f"{n} host block(s) wanted, {self.num_free} free")
         if n == 0:
             return np.zeros(0, np.int32)
-        seen = np.concatenate(([0], np.cumsum(self.is_free)))  # (H + 1,) free blocks before i
-        window = seen[n:] - seen[:-n]  # (H - n + 1,) free blocks in [i, i + n)
-        starts = np.flatnonzero(window == n)
-        ids = (np.arange(starts[0], starts[0] + n) if len(starts)
-               else np.flatnonzero(self.is_free)[:n]).astype(np.int32)
+        low = int(np.argmax(self.is_free))  # the lowest free block
+        if self.is_free[low:low + n].all() and low + n <= self.num_blocks:
+            ids = np.arange(low, low + n, dtype=np.int32)  # the lowest run starts there
+        else:
+            seen = np.concatenate(([0], np.cumsum(self.is_free)))  # (H + 1,) free before i
+            window = seen[n:] - seen[:-n]  # (H - n + 1,) free blocks in [i, i + n)
+            starts = np.flatnonzero(window == n)
+            ids = (np.arange(starts[0], starts[0] + n) if len(starts)
+                   else np.flatnonzero(self.is_free)[:n]).astype(np.int32)
         self.is_free[ids] = False
+        self._num_free -= n
         return ids
 
     def free(self, ids) -> None:
@@ -101,24 +135,32 @@ class HostKVStore:
         ids = np.asarray(ids, dtype=np.int64)
         if ids.size and self.is_free[ids].any():
             raise RuntimeError(f"host blocks {ids[self.is_free[ids]].tolist()} are already free")
-        busy = ids[self.in_flight[ids] > 0]
-        self._release_on_landing.update(busy.tolist())
-        self.is_free[ids[self.in_flight[ids] == 0]] = True
+        busy = self.in_flight[ids] > 0  # (n,)
+        self._release_on_landing.update(ids[busy].tolist())
+        self._mark_free(ids[~busy])
 
     def begin_transfer(self, ids) -> None:
         ids = np.asarray(ids, dtype=np.int64)
         if ids.size and self.is_free[ids].any():
             raise RuntimeError("a copy to or from a free host block")
-        np.add.at(self.in_flight, ids, 1)
+        for h in ids.tolist():  # a block may be named twice: no fancy-index increment
+            self.in_flight[h] += 1
 
     def end_transfer(self, ids) -> None:
-        ids = np.asarray(ids, dtype=np.int64)
-        np.add.at(self.in_flight, ids, -1)
-        landed = [h for h in ids.tolist() if h in self._release_on_landing and self.in_flight[h] == 0]
+        landed = []
+        for h in np.asarray(ids).tolist():
+            self.in_flight[h] -= 1
+            if self.in_flight[h] == 0 and h in self._release_on_landing:
+                landed.append(h)
         self._release_on_landing.difference_update(landed)
-        self.is_free[landed] = True
+        self._mark_free(landed)
+
+    def _mark_free(self, ids) -> None:
+        self.is_free[ids] = True
+        self._num_free += len(ids)
 
     def check(self) -> None:
+        assert self._num_free == int(self.is_free.sum()), "the free count drifted"
         assert (self.in_flight >= 0).all(), "a host block landed more copies than were issued"
         assert not self.is_free[self.in_flight > 0].any(), "a free host block has a copy in flight"
         assert all(not self.is_free[h] for h in self._release_on_landing)

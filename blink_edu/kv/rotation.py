@@ -58,7 +58,7 @@ import numpy as np
 from .block_manager import (COPY_IN, COPY_OUT, DIRTY, DRAINING, NO_TRANSFER, SYNCED,
                             BlockManager, blocks_needed)
 from .host_store import HostKVStore, OutOfHostBlocks
-from .transfer import DeviceTransport, NumpyTransport, Ticket, Transport
+from .transfer import DeviceTransport, MappedTransport, NumpyTransport, Ticket, Transport
 
 # The live map's codes (the chapter colours them).
 GPU_VIEW = ("free", "dirty", "synced", "synced, on host", "copying out", "copying in", "draining")
@@ -406,17 +406,20 @@ class RotationEngine:
 
 
 def make_rotation_engine(block_manager: BlockManager, kv_pool, num_host_blocks: int,
-                         compute_stream=None, eager: bool = True, delay: int = 0) -> RotationEngine:
+                         compute_stream=None, eager: bool = True, delay: int = 0,
+                         transport: str = "mapped") -> RotationEngine:
     """A rotation engine for an executor's ``kv_pool`` (N, L, 2, B, K, E): NumPy (the reference
     executor; ``delay`` ticks per copy) or a device array (the kernel executors; the host arena
-    is pinned on a GPU)."""
-    is_numpy = isinstance(kv_pool, np.ndarray)
-    if not is_numpy:
-        from ..backend import get_backend
+    is pinned and mapped on a GPU; ``transport`` "mapped" or "staged", see ``transfer.py``)."""
+    if isinstance(kv_pool, np.ndarray):
+        host = HostKVStore(num_host_blocks, tuple(kv_pool.shape[1:]), kv_pool.dtype)
+        return RotationEngine(block_manager, host, NumpyTransport(kv_pool, host, delay), eager)
+    from ..backend import get_backend
 
-        pinned = not get_backend().is_simulator
     host = HostKVStore(num_host_blocks, tuple(kv_pool.shape[1:]), kv_pool.dtype,
-                       pinned=not is_numpy and pinned)
-    transport = (NumpyTransport(kv_pool, host, delay) if is_numpy
-                 else DeviceTransport(kv_pool, host, compute_stream))
-    return RotationEngine(block_manager, host, transport, eager)
+                       pinned=not get_backend().is_simulator)
+    transports = {"mapped": MappedTransport, "staged": DeviceTransport}
+    if transport not in transports:
+        raise ValueError(f"unknown KV transport {transport!r}; choose from {', '.join(transports)}")
+    return RotationEngine(block_manager, host, transports[transport](kv_pool, host, compute_stream),
+                          eager)

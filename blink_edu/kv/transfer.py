@@ -1,7 +1,7 @@
 """Copy engines: moving KV blocks between the GPU pool and the host arena, in batches.
 
 SuperInfer §4 (DuplexKV: layout transformation + batched transfer, full duplex) and DESIGN.md §6.
-The rotation engine (``rotation.py``) decides *which* blocks move; a transport moves them. Both
+The rotation engine (``rotation.py``) decides *which* blocks move; a transport moves them. All
 transports have one interface::
 
     copy_out(gpu_blocks, host_blocks, after) -> Ticket    host[host_blocks[i]] = pool[gpu_blocks[i]]
@@ -28,6 +28,13 @@ of consecutive host blocks is *one* copy (``copy_sizes`` records them: the chapt
   refilled while a kernel may still read it), and ``order_compute_after`` makes the compute stream
   wait for a copy-in before any kernel reads its blocks. In the simulator the same calls run
   synchronously: every copy has landed when it returns.
+* ``MappedTransport`` — the same lanes and ordering, but no staging and no memcpy: the pinned
+  host arena is mapped into the GPU's address space, and ONE kernel per ticket copies pool rows
+  to host rows (or back) across PCIe, reading the ticket's block ids from mapped memory. Its
+  launch is a CUDA graph captured once per id slot, so a ticket costs the host a few
+  microseconds whatever the layout of its host blocks: what a step that rotates a dozen
+  requests needs (``bench.slo --real``). The engine's default on a GPU; ``DeviceTransport``
+  moves large batches at higher bandwidth (``bench.kv_transfer`` measures both).
 """
 
 from __future__ import annotations
@@ -77,11 +84,14 @@ class Transport:
         gpu, host = gpu[order], host[order]
         runs = consecutive_runs(host)
         ticket = Ticket(direction, gpu, host, nbytes=len(gpu) * self.row_bytes,
-                        copy_sizes=[count * self.row_bytes for _, count in runs],
-                        after=[t for t in after if not t.landed])
+                        copy_sizes=self._copy_sizes(runs), after=[t for t in after if not t.landed])
         self._start(ticket, runs)
         self.in_flight.append(ticket)
         return ticket
+
+    def _copy_sizes(self, runs: list[tuple[int, int]]) -> list[int]:
+        """Bytes of each copy a ticket issues: one per run of consecutive host blocks."""
+        return [count * self.row_bytes for _, count in runs]
 
     def poll(self) -> list[Ticket]:
         """Tickets that landed since the last poll, in issue order."""
@@ -147,8 +157,10 @@ class _SimulatorLane:
 
     def __init__(self, cuda, staging_blocks: int, row_words: int, dtype):
         self.cuda = cuda
-        self.staging = cuda.device_array((staging_blocks, row_words), dtype)  # (S, W)
+        if staging_blocks:
+            self.staging = cuda.device_array((staging_blocks, row_words), dtype)  # (S, W)
         self.stream = 0
+        self.cupy_stream = None
 
     def block_ids(self, ids: np.ndarray):
         return self.cuda.to_device(ids)  # (n,) int32
@@ -175,11 +187,12 @@ class _CudaLane:
         self.cupy = cupy
         self.cupy_stream = cupy.cuda.Stream(non_blocking=True)
         self.stream = cuda.external_stream(self.cupy_stream.ptr)  # for numba launches
-        self._staging = cupy.empty((staging_blocks, row_words), dtype)  # (S, W)
-        self.staging = cuda.as_cuda_array(self._staging)  # converted once: cheap launches
         self.row_bytes = row_words * np.dtype(dtype).itemsize
-        self._ids = cupy.empty(staging_blocks, np.int32)  # (S,)
-        self._ids_kernel = cuda.as_cuda_array(self._ids)
+        if staging_blocks:  # the staged transport's; the mapped one needs none
+            self._staging = cupy.empty((staging_blocks, row_words), dtype)  # (S, W)
+            self.staging = cuda.as_cuda_array(self._staging)  # converted once: cheap launches
+            self._ids = cupy.empty(staging_blocks, np.int32)  # (S,)
+            self._ids_kernel = cuda.as_cuda_array(self._ids)
 
     def block_ids(self, ids: np.ndarray):
         self._ids[: len(ids)].set(ids, stream=self.cupy_stream)
@@ -208,14 +221,15 @@ class _CudaLane:
         return event
 
 
-class DeviceTransport(Transport):
-    def __init__(self, pool, host: HostKVStore, compute_stream=None, staging_bytes: int = STAGING_BYTES):
-        """``pool`` (N, L, 2, B, K, E): a Numba device array (GPU or simulator) or a CuPy array;
-        ``compute_stream``: the CuPy stream the model's kernels run on (None: legacy ordering)."""
+class _StreamTransport(Transport):
+    """What the two GPU transports share: the pool as rows, one lane (stream) per direction,
+    ordering against the compute stream, and landing by events."""
+
+    def __init__(self, pool, host: HostKVStore, compute_stream, staging_blocks: int):
         from ..backend import get_backend
         from ..kernels import kv_layout
 
-        backend = get_backend()
+        self.backend = backend = get_backend()
         self.kv_layout = kv_layout
         if backend.is_simulator:
             self.pool_rows = kv_layout.as_rows(pool)  # (N, W) words
@@ -228,17 +242,56 @@ class DeviceTransport(Transport):
         self.host_rows = kv_layout.as_rows(host.blocks)  # (H, W) words, pinned on a GPU
         row_words, dtype = self.host_rows.shape[1], self.host_rows.dtype
         super().__init__(row_words * dtype.itemsize)
-        self.staging_blocks = max(1, staging_bytes // self.row_bytes)
-        self.lanes = {d: lane_cls(backend.cuda, self.staging_blocks, row_words, dtype)
+        self.lanes = {d: lane_cls(backend.cuda, staging_blocks, row_words, dtype)
                       for d in (COPY_OUT, COPY_IN)}
         self.compute_stream = compute_stream
+        self._compute_event = None  # created at the first copy (GPU only)
 
-    def _start(self, ticket: Ticket, runs) -> None:
-        lane = self.lanes[ticket.direction]
+    def _order_lane(self, lane, ticket: Ticket) -> None:
+        """The lane waits for the tickets ``ticket`` comes after and for the compute stream."""
         for earlier in ticket.after:
             lane.wait_for(earlier.event)
         if self.compute_stream is not None:
             lane.wait_for(self._record_compute())
+
+    def _record_compute(self):
+        """An event at the compute stream's current end. One event, recorded again each time: a
+        lane's ``wait_event`` waits for the record made just before it, whatever comes later."""
+        if self._compute_event is None:
+            import cupy
+
+            self._compute_event = cupy.cuda.Event(disable_timing=True)
+        self._compute_event.record(self.compute_stream)
+        return self._compute_event
+
+    def _try_land(self, ticket: Ticket) -> bool:
+        return ticket.event is None or ticket.event.done
+
+    def wait(self, ticket: Ticket) -> None:
+        if ticket.event is not None:
+            ticket.event.synchronize()
+
+    def order_compute_after(self, ticket: Ticket) -> bool:
+        if ticket.event is None or self.compute_stream is None:
+            self.wait(ticket)  # nothing to order against: wait on the host
+        else:
+            self.compute_stream.wait_event(ticket.event)
+        return True
+
+
+class DeviceTransport(_StreamTransport):
+    """Staged: gather into a device staging buffer, one ``cudaMemcpyAsync`` per host run."""
+
+    def __init__(self, pool, host: HostKVStore, compute_stream=None, staging_bytes: int = STAGING_BYTES):
+        """``pool`` (N, L, 2, B, K, E): a Numba device array (GPU or simulator) or a CuPy array;
+        ``compute_stream``: the CuPy stream the model's kernels run on (None: legacy ordering)."""
+        row_bytes = host.blocks[0].nbytes
+        self.staging_blocks = max(1, staging_bytes // row_bytes)
+        super().__init__(pool, host, compute_stream, self.staging_blocks)
+
+    def _start(self, ticket: Ticket, runs) -> None:
+        lane = self.lanes[ticket.direction]
+        self._order_lane(lane, ticket)
         for first in range(0, len(ticket.gpu_blocks), self.staging_blocks):  # staging-sized chunks
             last = min(first + self.staging_blocks, len(ticket.gpu_blocks))
             self._move_chunk(lane, ticket, first, last)
@@ -258,23 +311,108 @@ class DeviceTransport(Transport):
                 lane.to_device(self.host_rows, int(ticket.host_blocks[start]), start - first, count)
             self.kv_layout.scatter_blocks(lane.staging, ids, self.pool_rows, lane.stream)
 
-    def _record_compute(self):
-        import cupy
 
-        event = cupy.cuda.Event(disable_timing=True)
-        event.record(self.compute_stream)
-        return event
+@dataclass(eq=False)
+class _IdSlot:
+    """One ticket's block ids in mapped host memory, which the copy kernel reads when it runs:
+    ``count`` (1,), ``src`` and ``dst`` (M,) int32 rows -- NumPy on the host, ``*_dev`` the
+    kernel's view of the same bytes. ``graph``: the slot's launch, captured once (GPU only)."""
 
-    def _try_land(self, ticket: Ticket) -> bool:
-        return ticket.event is None or ticket.event.done
+    count: np.ndarray
+    src: np.ndarray
+    dst: np.ndarray
+    count_dev: object
+    src_dev: object
+    dst_dev: object
+    ticket: Ticket | None = None  # the last ticket that used this slot
+    graph: object = None
 
-    def wait(self, ticket: Ticket) -> None:
-        if ticket.event is not None:
-            ticket.event.synchronize()
 
-    def order_compute_after(self, ticket: Ticket) -> bool:
-        if ticket.event is None or self.compute_stream is None:
-            self.wait(ticket)  # nothing to order against: wait on the host
+class MappedTransport(_StreamTransport):
+    """Zero-copy: the pinned host arena is mapped into the GPU's address space, so ONE kernel
+    moves a ticket's blocks straight between pool rows and host rows -- no staging buffer, no
+    memcpy, the same cost whatever the host runs. Issuing a ticket is a few NumPy stores of its
+    block ids into a slot of mapped memory and one launch of a CUDA graph captured once per slot
+    (about 2 us of host time; the staged transport's block-id upload, kernel launch and one
+    ``cudaMemcpyAsync`` per host run cost the host 100+ us). The price is bandwidth: the kernel's
+    loads and stores cross PCIe as 128-byte transactions, not as the copy engines' DMA bursts
+    (``bench.kv_transfer`` measures both)."""
+
+    SLOTS = 4  # id slots per direction: a slot is reused once its last ticket has landed
+
+    def __init__(self, pool, host: HostKVStore, compute_stream=None):
+        super().__init__(pool, host, compute_stream, staging_blocks=0)
+        if self.backend.is_simulator:
+            from numba.cuda.simulator.cudadrv.devicearray import FakeCUDAArray
+
+            host_view = FakeCUDAArray(self.host_rows)
+        elif host.device_blocks is None:
+            raise ValueError("MappedTransport needs a pinned (mapped) host arena: "
+                             "HostKVStore(..., pinned=True)")
         else:
-            self.compute_stream.wait_event(ticket.event)
-        return True
+            host_view = self.kv_layout.as_rows(host.device_blocks)  # (H, W) the GPU's view
+        # (source rows, destination rows) of each direction's kernel
+        self.ends = {COPY_OUT: (self.pool_rows, host_view), COPY_IN: (host_view, self.pool_rows)}
+        self.max_blocks = self.pool_rows.shape[0]  # a ticket names each GPU block at most once
+        self.slots = {d: [self._slot(d) for _ in range(self.SLOTS)] for d in (COPY_OUT, COPY_IN)}
+        self.next_slot = {COPY_OUT: 0, COPY_IN: 0}
+
+    def _copy_sizes(self, runs) -> list[int]:
+        return [sum(count for _, count in runs) * self.row_bytes] if runs else []
+
+    def _slot(self, direction: int) -> _IdSlot:
+        from .host_store import mapped_host_array
+
+        arrays = [mapped_host_array(shape, np.int32) for shape in (1, self.max_blocks, self.max_blocks)]
+        slot = _IdSlot(*(a for a, _ in arrays), *(v for _, v in arrays))
+        if not self.backend.is_simulator:
+            slot.graph = self._capture(direction, slot)
+        return slot
+
+    def _kernel(self, direction: int, slot: _IdSlot, num_rows: int):
+        """The copy kernel for ``slot``, configured for ``num_rows`` rows on the lane's stream."""
+        lane = self.lanes[direction]
+        grid = self.kv_layout.grid_for_rows(num_rows, self.pool_rows.shape[1])
+        return self.kv_layout.move_counted_rows_kernel[grid, self.kv_layout.THREADS, lane.stream]
+
+    def _launch_args(self, direction: int, slot: _IdSlot) -> tuple:
+        src, dst = self.ends[direction]
+        return src, dst, slot.src_dev, slot.dst_dev, slot.count_dev
+
+    def _capture(self, direction: int, slot: _IdSlot):
+        """One graph per slot: the kernel reads the count and ids from the slot when it runs."""
+        kernel = self._kernel(direction, slot, self.max_blocks)
+        args = self._launch_args(direction, slot)
+        stream = self.lanes[direction].cupy_stream
+        kernel(*args)  # count is 0: compiles the kernel outside the capture, moves nothing
+        stream.synchronize()
+        stream.begin_capture()
+        kernel(*args)
+        return stream.end_capture()
+
+    def _start(self, ticket: Ticket, runs) -> None:
+        direction = ticket.direction
+        lane = self.lanes[direction]
+        slot = self._take_slot(direction)
+        self._order_lane(lane, ticket)
+        n = len(ticket.gpu_blocks)
+        gpu_rows, host_rows = ticket.gpu_blocks, ticket.host_blocks
+        slot.src[:n], slot.dst[:n] = ((gpu_rows, host_rows) if direction == COPY_OUT
+                                      else (host_rows, gpu_rows))
+        slot.count[0] = n
+        if slot.graph is not None:
+            slot.graph.launch(lane.cupy_stream)
+        else:  # the simulator: launch it directly, with as many CUDA blocks as rows
+            self._kernel(direction, slot, n)(*self._launch_args(direction, slot))
+        ticket.event = lane.record()
+        slot.ticket = ticket
+
+    def _take_slot(self, direction: int) -> _IdSlot:
+        """The direction's next id slot, once the kernel of the ticket that last used it is done
+        reading it (it almost always is: a lane runs SLOTS tickets behind)."""
+        k = self.next_slot[direction]
+        self.next_slot[direction] = (k + 1) % self.SLOTS
+        slot = self.slots[direction][k]
+        if slot.ticket is not None and not slot.ticket.landed:
+            self.wait(slot.ticket)
+        return slot

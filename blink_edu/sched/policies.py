@@ -44,16 +44,17 @@ The policy never touches the block manager, the KV pool or an executor.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Callable, Sequence
+from typing import Callable, NamedTuple, Sequence
 
 import numpy as np
 
 from .vlt import ROTARY, RUNNING, STATE_NAMES, WAITING, RotaSchedConfig, vlt_numpy
 
 
-@dataclass(frozen=True)
-class RequestView:
-    """One live request as a policy sees it (plain numbers; times in seconds)."""
+class RequestView(NamedTuple):
+    """One live request as a policy sees it (plain numbers; times in seconds). A NamedTuple: the
+    engine builds one per live request every step, and a tuple is built several times faster
+    than a frozen dataclass."""
 
     request_id: int
     state: int  # WAITING | RUNNING | ROTARY
@@ -103,13 +104,12 @@ class Decision:
 def view_vlt(view: StepView, config: RotaSchedConfig) -> np.ndarray:
     """(N,) VLT of ``view.requests`` at ``view.now``. A request with no token yet lags from its
     arrival when it is rotary (its ``last_token_time`` is taken to be its arrival)."""
-    reqs = view.requests
-    t_arr = np.array([r.arrival_time for r in reqs], dtype=np.float64)  # (N,)
-    t_last = np.array([r.last_token_time for r in reqs], dtype=np.float64)  # (N,)
+    # (N, 4): state, t_arr, t_run, t_last -- one conversion from the views' tuples
+    table = np.array([(r.state, r.arrival_time, r.run_start_time, r.last_token_time)
+                      for r in view.requests], dtype=np.float64).reshape(-1, 4)
+    state, t_arr, t_run, t_last = table.T  # (N,) each
     t_last = np.where(np.isnan(t_last), t_arr, t_last)
-    t_run = np.array([r.run_start_time for r in reqs], dtype=np.float64)  # (N,)
-    return vlt_numpy(np.array([r.state for r in reqs], dtype=np.int8), view.now, t_arr, t_run,
-                     t_last, config)
+    return vlt_numpy(state.astype(np.int8), view.now, t_arr, t_run, t_last, config)
 
 
 class PolicyError(AssertionError):
@@ -271,7 +271,7 @@ class LVF(Policy):
             return self._decision([r.request_id for r in candidates], [], fcfs_fallback=True)
 
         vlt = self.vlt(view)  # (N,)
-        vlt_by_id = {r.request_id: float(v) for r, v in zip(view.requests, vlt)}
+        vlt_by_id = dict(zip([r.request_id for r in view.requests], vlt.tolist()))
         order = np.argsort(-vlt, kind="stable")  # (N,) head = largest lag; ties keep FCFS order
         ranked = [view.requests[i] for i in order]
         tail_first = [r for r in reversed(ranked) if r.state == RUNNING]  # preemption order

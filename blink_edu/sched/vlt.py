@@ -90,9 +90,10 @@ def vlt_numpy(state, t_now, t_arr, t_run, t_last, config: RotaSchedConfig = Rota
     waiting = np.maximum(0.0, t_now - np.asarray(t_arr, dtype=np.float64) - config.waiting_grace_s)
     rotary = config.alpha * np.maximum(
         0.0, t_now - np.asarray(t_last, dtype=np.float64) - config.rotary_grace_s)
-    with np.errstate(invalid="ignore"):
-        return np.select([state == RUNNING, state == WAITING, state == ROTARY],
-                         [running, waiting, rotary], default=np.nan).astype(np.float64)
+    # nested where, not np.select: the same choice at a third of the cost for the few dozen
+    # requests a policy ranks every step
+    return np.where(state == RUNNING, running, np.where(
+        state == WAITING, waiting, np.where(state == ROTARY, rotary, np.nan))).astype(np.float64)
 
 
 # --- the device forms ---------------------------------------------------------------------------

@@ -30,5 +30,11 @@ def test_tiny_run_writes_every_figure(tmp_path, monkeypatch):
     assert summary["rotate_out_blocks_no_eager"] == result["raw"]["rotate_out"][1]["blocks_total"]
     variants = {row["variant"] for row in result["raw"]["ladder"] if "gbps" in row}
     assert {"naive", "naive_layer", "merged", "batched", "duplex"} <= variants
+    # the CPU has no mapped transport: its rows say why instead of a figure; the staged ticket's
+    # host time is measured
+    mapped = [row for row in result["raw"]["ladder"] if row["variant"].startswith("mapped")]
+    assert mapped and all("GPU" in row["error"] for row in mapped)
+    staged = [row for row in result["raw"]["ticket_issue"] if row["transport"] == "staged"]
+    assert [row["blocks"] for row in staged] == [1, 16, 16] and all(r["issue_us"] > 0 for r in staged)
     sizes = [row["size"] for row in result["raw"]["size_sweep"]]
     assert sizes[0] == 4096 and sizes == sorted(sizes)

@@ -52,7 +52,14 @@ def test_tiny_real_run_is_added_beside_the_sweep(tmp_path, capsys):
             assert run[side]["median_tpot_ms"] > 0
     error = data["summary"]["sim_vs_real_error"]
     assert isinstance(error, float) and error >= 0
-    assert data["config"]["real"]["preset"]["ttft_slo_s"] > 0
+    real = data["config"]["real"]
+    assert real["preset"]["ttft_slo_s"] > 0
+    # --transfer-budget auto: the simulator tried every candidate B_xfer at the given rate and
+    # the engine ran with one of them
+    tried = {p["budget"] for p in real["plan_predictions"]}
+    assert tried == {4, 8, 16, 19}  # powers of two below the paper's, scaled: 32 x 2400 / 4005
+    assert real["rotasched"]["transfer_budget_blocks"] in tried
+    assert real["preset"]["transfer_budget_blocks"] == real["rotasched"]["transfer_budget_blocks"]
     assert "sim_vs_real_error" in capsys.readouterr().out
 
 
@@ -74,6 +81,7 @@ def test_non_positive_rates_are_refused(capsys):
     (["--real", "--kv-blocks", "8"], "longest request needs 32 blocks"),
     (["--real", "--calibration-requests", "0"], "must be >= 1"),
     (["--sim", "--num-requests", "x"], "expected an integer"),
+    (["--real", "--transfer-budget", "0"], "must be >= 1"),
 ])
 def test_bad_arguments_are_refused_before_any_work(capsys, args, message):
     with pytest.raises(SystemExit):

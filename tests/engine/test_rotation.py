@@ -191,16 +191,20 @@ def test_rotate_out_refuses_a_sequence_with_nothing_cached(weights, rng):
         engine.scheduler.rotate_out(engine.scheduler.running[0])
 
 
+@pytest.mark.parametrize("transport", ["mapped", "staged"])
 @pytest.mark.parametrize("executor", ["eager", pytest.param("graph", marks=pytest.mark.gpu)])
-def test_kernel_executor_rotates(rng, executor):
-    """The kernel executor's pool through DeviceTransport (gather/scatter kernels, staging):
-    in the simulator here; on a GPU (tools/run_gpu_tests.sh) with its streams and events."""
+def test_kernel_executor_rotates(rng, executor, transport):
+    """The kernel executor's pool through MappedTransport (one kernel over mapped host memory)
+    and DeviceTransport (gather/scatter kernels, staging): in the simulator here; on a GPU
+    (tools/run_gpu_tests.sh) with their streams and events."""
     weights = weights_of(MICRO, dtype=np.float32, seed=int(rng.integers(1000)))
     prompts = [rng.integers(3, 64, size=3).tolist() for _ in range(2)]
     params = SamplingParams(temperature=0, max_tokens=4, ignore_eos=True)
     engine = LLMEngine(weights, EngineConfig(executor=executor, block_size=2, num_kv_blocks=5,
                                              max_num_seqs=2, max_num_batched_tokens=8,
-                                             max_model_len=16, preemption="rotate"))
-    assert type(engine.scheduler.rotation.transport).__name__ == "DeviceTransport"
+                                             max_model_len=16, preemption="rotate",
+                                             kv_transport=transport))
+    expected = {"mapped": "MappedTransport", "staged": "DeviceTransport"}[transport]
+    assert type(engine.scheduler.rotation.transport).__name__ == expected
     assert drive(engine, prompts, params) == reference.generate(weights, prompts, params, block_size=2)
     assert engine.scheduler.num_rotations > 0

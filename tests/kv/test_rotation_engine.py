@@ -26,14 +26,17 @@ TOKEN_SHAPE = (2, 2, 1, 3)  # one token's K/V: (L, 2, K, E)
 class World:
     """A pool, a block manager, a rotation engine, and the truth: every sequence's K/V."""
 
-    def __init__(self, rng, num_blocks=8, host_blocks=16, delay=0, eager=True, device=False):
+    def __init__(self, rng, num_blocks=8, host_blocks=16, delay=0, eager=True, device=None):
+        """``device``: None (a NumPy pool), or the kernel executors' transport over a device
+        pool: "staged" or "mapped"."""
         self.rng = rng
         L, _, K, E = TOKEN_SHAPE
         pool = np.zeros((num_blocks, L, 2, B, K, E))  # (N, L, 2, B, K, E) float64
         self.blocks = BlockManager(num_blocks, B)
         if device:
             self.pool = get_backend().cuda.to_device(pool)
-            self.engine = make_rotation_engine(self.blocks, self.pool, host_blocks, eager=eager)
+            self.engine = make_rotation_engine(self.blocks, self.pool, host_blocks, eager=eager,
+                                               transport=device)
         else:
             self.pool = pool
             host = HostKVStore(host_blocks, pool.shape[1:], pool.dtype)
@@ -116,10 +119,11 @@ def test_round_trip_is_byte_exact(rng, delay):
     assert b in world.resident()
 
 
-def test_round_trip_through_the_device_transport(rng):
-    """DeviceTransport: gather kernel + staging + copies (Numba's simulator here, streams and
-    pinned memory on a GPU)."""
-    world = World(rng, device=True)
+@pytest.mark.parametrize("transport", ["staged", "mapped"])
+def test_round_trip_through_the_device_transports(rng, transport):
+    """DeviceTransport (gather kernel + staging + copies) and MappedTransport (one kernel over
+    mapped host memory): Numba's simulator here, streams and pinned memory on a GPU."""
+    world = World(rng, device=transport)
     a = world.new(10)
     before = world.pool_now()[world.blocks.block_table(a)].copy()
     world.engine.rotate_out(a)
@@ -320,6 +324,30 @@ def test_device_transport_splits_a_ticket_over_its_staging_buffer(rng):
     transport.wait(transport.copy_in(host_ids, back))
     np.testing.assert_array_equal(device_pool.copy_to_host()[back], pool[gpu])
     assert [t.landed for t in transport.poll()] == [True, True]
+
+
+def test_mapped_transport_moves_scattered_blocks_through_every_id_slot(rng):
+    """More tickets than id slots (each slot reused), scattered blocks on both sides: byte-exact
+    both ways, one copy per ticket whatever the host runs."""
+    from blink_edu.kv.transfer import MappedTransport
+
+    pool = rng.standard_normal((9, 1, 2, 2, 1, 4)).astype(np.float32)  # (N, L, 2, B, K, E)
+    device_pool = get_backend().cuda.to_device(pool)
+    host = HostKVStore(12, pool.shape[1:], pool.dtype, pinned=not get_backend().is_simulator)
+    transport = MappedTransport(device_pool, host)
+    for _ in range(MappedTransport.SLOTS + 2):
+        n = int(rng.integers(1, 6))
+        gpu = rng.permutation(9)[:n].astype(np.int32)
+        host_ids = np.sort(rng.permutation(12)[:n]).astype(np.int32)
+        ticket = transport.copy_out(gpu, host_ids)
+        assert ticket.copy_sizes == [n * pool[0].nbytes]
+        transport.wait(ticket)
+        np.testing.assert_array_equal(host.blocks[host_ids], pool[gpu])
+        back = rng.permutation(9)[:n].astype(np.int32)
+        transport.wait(transport.copy_in(host_ids, back))
+        pool[back] = pool[gpu]  # what the pool must now hold
+        np.testing.assert_array_equal(device_pool.copy_to_host(), pool)
+    assert all(t.landed for t in transport.poll())
 
 
 def test_a_block_filled_while_its_copy_in_is_in_flight_is_copied_out_after_it_lands(rng):
