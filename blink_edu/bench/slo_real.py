@@ -399,6 +399,7 @@ def relative_error(sim, real):
 
 def run_real_experiment(args) -> tuple[dict, dict, dict]:
     """(config, raw, summary) of the real-engine experiment."""
+    started = time.perf_counter()
     folder = resolve_model_dir()
     weights = load_weights(folder)
     rng = np.random.default_rng(args.seed)
@@ -408,7 +409,8 @@ def run_real_experiment(args) -> tuple[dict, dict, dict]:
     warm_up(weights, args, executor, rng)
     cal, config = calibrate(weights, args, executor, rng)
     preset = preset_for(weights, args, cal, config)
-    print(f"calibrated on this machine ({args.executor}): step = {cal.a * 1e3:.2f} ms + "
+    print(f"[{time.perf_counter() - started:.0f} s] calibrated on this machine ({args.executor}): "
+          f"step = {cal.a * 1e3:.2f} ms + "
           f"{cal.b * 1e6:.1f} us/token + {cal.c * 1e9:.1f} ns/context token + "
           f"{cal.d * 1e6:.0f} us per request moved + {cal.e * 1e6:.0f} us per step ranked by "
           f"VLT; SLOs TTFT "
@@ -418,7 +420,8 @@ def run_real_experiment(args) -> tuple[dict, dict, dict]:
     if "auto" in (args.rates, args.transfer_budget):
         config, args.rates, predictions = choose_plan(preset, config, args, cal.step_s)
         preset = preset_for(weights, args, cal, config)
-        print(f"chosen by the simulator: B_xfer {config.transfer_budget_blocks} blocks, rates "
+        print(f"[{time.perf_counter() - started:.0f} s] chosen by the simulator: B_xfer "
+              f"{config.transfer_budget_blocks} blocks, rates "
               f"{args.rates}", flush=True)
     raw, errors = {}, []
     for rate in args.rates:
@@ -433,7 +436,8 @@ def run_real_experiment(args) -> tuple[dict, dict, dict]:
             err = {k: relative_error(sim[k], real[k]) for k in ("median_ttft_ms", "median_tpot_ms")}
             errors += [e for e in err.values() if e is not None]
             raw.setdefault(policy, {})[str(rate)] = {"real": real, "sim": sim, "sim_rel_error": err}
-            print(f"  rate {rate:5.1f}  {policy:13s} real TTFT {real['ttft_attainment_pct']:5.1f}% "
+            print(f"  [{time.perf_counter() - started:4.0f} s] rate {rate:5.1f}  {policy:13s} real TTFT "
+                  f"{real['ttft_attainment_pct']:5.1f}% "
                   f"TBT {real['tbt_attainment_pct']:5.1f}%  |  sim TTFT "
                   f"{sim['ttft_attainment_pct']:5.1f}% TBT {sim['tbt_attainment_pct']:5.1f}%  "
                   f"|  median TTFT/TPOT error {err['median_ttft_ms']:.0%} / "
