@@ -13,9 +13,10 @@ The experiment:
    (every request at t=0) under FCFS and under LVF with the very loop that the measured runs use
    (``replay``), and fit ``iteration = a + b * batched tokens + c * context tokens + d * requests
    moved + e * ranked`` (ranked: the policy sorted the requests by VLT -- LVF under memory
-   pressure) over every iteration that ran the model -- an iteration being everything the loop
-   does from one model step to the next (arrivals, scheduling, policy, rotations, the model,
-   handing tokens out), which is what the simulator charges for a step;
+   pressure): a, b, c on the FCFS iterations that moved nobody, d and e on what every other
+   iteration took beyond that (``calibrate``). An iteration is everything the loop does from one
+   model step to the next (arrivals, scheduling, policy, rotations, the model, handing tokens
+   out), which is what the simulator charges for a step;
 2. build a preset from it (the same KV pool, block size, batch limits; SLOs scaled to the step as
    the paper's are: S_B = 5 x the median iteration, S_F = 50 S_B);
    ``--transfer-budget auto`` (the default) lets the simulator pick B_xfer, the blocks RotaSched
@@ -256,18 +257,26 @@ class Calibration:
 
 
 def calibrate(weights, args, executor, rng) -> tuple[Calibration, RotaSchedConfig]:
-    """Least squares over every iteration of two burst replays: FCFS (the step itself, and
-    recomputes) and LVF (which rotates: the host's cost per request moved). LVF decides with the
-    experiment's RotaSched parameters, whose SLOs come from the FCFS replay's median step."""
+    """Two burst replays, fitted in two stages. FCFS iterations that moved nobody give the step
+    itself (a, b, c: the model and the engine's plain loop); then, on every other iteration --
+    FCFS's recomputes and all of LVF's, which rotates and ranks -- what is left over that step
+    gives the host's cost per request moved (d) and per step ranked by VLT (e). (One joint fit
+    lets the step's terms soak up the rotation's costs: the iterations that rank are exactly
+    the LVF ones.) LVF decides with the experiment's RotaSched parameters, whose SLOs come from
+    the FCFS replay's median step."""
     requests = burst(args.calibration_requests, args.seed + 1)
     fcfs = replay(weights, args, executor, "fcfs", None, requests, rng).iterations
-    step_s = statistics.median(i.seconds for i in fcfs if i.moved == 0)
+    plain = [i for i in fcfs if i.moved == 0]
+    step_s = statistics.median(i.seconds for i in plain)
     rotasched = rotasched_config(args, step_s)
     lvf = replay(weights, args, executor, "lvf", rotasched, requests, rng).iterations
+    tokens, context, _, _, seconds = (np.array(v, dtype=np.float64) for v in zip(*plain))  # (P,)
+    a, b, c = nonnegative_lstsq(np.stack([np.ones_like(tokens), tokens, context], axis=1), seconds)
+    rest = [i for i in fcfs if i.moved] + lvf
     tokens, context, moved, ranked, seconds = (np.array(v, dtype=np.float64)
-                                               for v in zip(*fcfs, *lvf))  # (iterations,) each
-    design = np.stack([np.ones_like(tokens), tokens, context, moved, ranked], axis=1)  # (I, 5)
-    a, b, c, d, e = nonnegative_lstsq(design, seconds)
+                                               for v in zip(*rest))  # (R,) each
+    left_over = seconds - (a + b * tokens + c * context)  # (R,) beyond the step itself
+    d, e = nonnegative_lstsq(np.stack([moved, ranked], axis=1), left_over)
     return Calibration(a, b, c, d, e, step_s), rotasched
 
 
