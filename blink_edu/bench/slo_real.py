@@ -269,7 +269,11 @@ def calibrate(weights, args, executor, rng) -> tuple[Calibration, RotaSchedConfi
     plain = [i for i in fcfs if i.moved == 0]
     step_s = statistics.median(i.seconds for i in plain)
     rotasched = rotasched_config(args, step_s)
-    lvf = replay(weights, args, executor, "lvf", rotasched, requests, rng).iterations
+    # LVF at two transfer budgets: many moves per step and few, so that the per-move and the
+    # per-step costs part
+    lvf = [i for budget in sorted({rotasched.transfer_budget_blocks, min(budget_candidates(args))})
+           for i in replay(weights, args, executor, "lvf",
+                           rotasched.replace(transfer_budget_blocks=budget), requests, rng).iterations]
     tokens, context, _, _, seconds = (np.array(v, dtype=np.float64) for v in zip(*plain))  # (P,)
     a, b, c = nonnegative_lstsq(np.stack([np.ones_like(tokens), tokens, context], axis=1), seconds)
     rest = [i for i in fcfs if i.moved] + lvf

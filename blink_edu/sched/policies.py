@@ -174,19 +174,21 @@ class Policy:
     def _admit_in_order(self, queue: list[RequestView], free: int, seats: int,
                         transfer_left: int | None = None) -> list[int]:
         """Admit from the front of ``queue`` while blocks, seats (and swap-in budget) last;
-        stop at the first that does not fit (no overtaking: nobody starves)."""
+        stop at the first that does not fit (no overtaking: nobody starves). The first request
+        of a step may exceed the swap-in budget on its own: a rotary request with more KV than
+        B_xfer would otherwise never come back (and, at the front of the queue, block everyone)."""
         admitted = []
         for r in queue:
             swap_in = r.blocks_on_host if r.state == ROTARY else 0
             if seats <= 0 or r.blocks_to_run > free:
                 break
-            if transfer_left is not None and swap_in > transfer_left:
+            if transfer_left is not None and swap_in > transfer_left and admitted:
                 break
             admitted.append(r.request_id)
             free -= r.blocks_to_run
             seats -= 1
             if transfer_left is not None:
-                transfer_left -= swap_in
+                transfer_left = max(0, transfer_left - swap_in)
         return admitted
 
     def _decision(self, admit: list[int], preempted: list[int], **extra) -> Decision:
