@@ -334,6 +334,9 @@ def budget_source(args, budget: int) -> str:
               f"blocks) = {transfer_budget_blocks(args.kv_blocks)}")
     if args.transfer_budget != "auto":
         return f"--transfer-budget {budget} blocks ({scaled})"
+    if not getattr(args, "budget_chosen", True):
+        return (f"{budget} blocks: the simulator calibrated on this machine predicted the target "
+                f"at none of {budget_candidates(args)}, so the scaled budget was kept ({scaled})")
     return (f"{budget} blocks: chosen by the simulator calibrated on this machine among "
             f"{budget_candidates(args)} ({scaled})")
 
@@ -394,6 +397,7 @@ def choose_plan(preset: Preset, config: RotaSchedConfig, args,
         print(f"  sim: B_xfer {p['budget']:3d}  {p['rate']:7.1f} req/s  LVF - FCFS TTFT "
               f"{p['ttft_pts']:+5.1f} pts, TBT {p['tbt_pts']:+5.1f} pts", flush=True)
     target = [p for p in predictions if p["ttft_pts"] >= 30 and p["tbt_pts"] >= -5]
+    args.budget_chosen = bool(target)  # for the preset's sources
     if target:
         best = max(target, key=lambda p: (p["ttft_pts"], p["tbt_pts"]))
         budget, below = best["budget"], [r for r in grid if r < best["rate"]]
