@@ -70,8 +70,8 @@ def timed_parts():
 
 
 if args.timers:
+    totals = timed_parts()
     for policy in ("fcfs", "lvf"):
-        totals = timed_parts() if policy == "fcfs" else totals
         for acc in totals.values():
             acc[:] = [0.0, 0]
         run = S.replay(w, args, ex, policy, cfg if policy == "lvf" else None, req, rng)
