@@ -160,7 +160,7 @@ def parse_args(argv=None) -> argparse.Namespace:
                     help="--real: the engine's KV pool (16-token blocks)")
     ap.add_argument("--calibration-requests", type=positive_int, default=24,
                     help="--real: requests in each calibration burst")
-    ap.add_argument("--transfer-budget", type=parse_budget, default="auto",
+    ap.add_argument("--transfer-budget", type=parse_budget, default=None,
                     help="--real: RotaSched's B_xfer in blocks per iteration, or 'auto': the "
                          "simulator, calibrated on this machine, picks it with the rates")
     ap.add_argument("--no-progress", action="store_true")
@@ -170,6 +170,8 @@ def parse_args(argv=None) -> argparse.Namespace:
             ap.error(f"unknown policy {name!r}; choose from {', '.join(POLICIES)}")
     if args.sim and args.rates == "auto":
         ap.error("--rates auto is for --real (the simulator picks the real run's rates)")
+    if args.sim and args.transfer_budget is not None:
+        ap.error("--transfer-budget is for --real (--sim runs the preset's B_xfer)")
     if args.real:
         from ..engine.llm_engine import default_executor
         from .slo_real import blocks_for_longest_request
@@ -182,6 +184,7 @@ def parse_args(argv=None) -> argparse.Namespace:
         args.rates = args.rates or [12.0, 24.0]
         args.policies = args.policies or ["fcfs", "lvf"]
         args.num_requests = args.num_requests or 40
+        args.transfer_budget = args.transfer_budget or "auto"
     return args
 
 

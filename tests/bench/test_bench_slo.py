@@ -82,6 +82,7 @@ def test_non_positive_rates_are_refused(capsys):
     (["--real", "--calibration-requests", "0"], "must be >= 1"),
     (["--sim", "--num-requests", "x"], "expected an integer"),
     (["--real", "--transfer-budget", "0"], "must be >= 1"),
+    (["--sim", "--transfer-budget", "8"], "--transfer-budget is for --real"),
 ])
 def test_bad_arguments_are_refused_before_any_work(capsys, args, message):
     with pytest.raises(SystemExit):

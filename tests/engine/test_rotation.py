@@ -208,3 +208,8 @@ def test_kernel_executor_rotates(rng, executor, transport):
     assert type(engine.scheduler.rotation.transport).__name__ == expected
     assert drive(engine, prompts, params) == reference.generate(weights, prompts, params, block_size=2)
     assert engine.scheduler.num_rotations > 0
+
+
+def test_unknown_kv_transport_is_a_clear_error():
+    with pytest.raises(ValueError, match="kv_transport must be one of mapped, staged"):
+        EngineConfig(kv_transport="dma")
