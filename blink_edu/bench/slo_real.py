@@ -305,7 +305,10 @@ def link_for(executor: str) -> BandwidthCurve:
     return HOST_MEMCPY if executor == "reference" else PCIE_H200
 
 
-def preset_for(weights, args, cal: Calibration, rotasched: RotaSchedConfig) -> Preset:
+def preset_for(weights, args, cal: Calibration, rotasched: RotaSchedConfig,
+               budget_chosen: bool = True) -> Preset:
+    """The simulator's copy of this machine; ``budget_chosen``: False when ``choose_plan`` found
+    no budget meeting the target and kept the scaled one (its sources say so)."""
     block_bytes = block_nbytes(weights.config, 16, itemsize=4)
     return Preset(
         name=f"bundled-{args.executor}-measured",
@@ -324,17 +327,18 @@ def preset_for(weights, args, cal: Calibration, rotasched: RotaSchedConfig) -> P
                               f"per step ranked by VLT",
                  "slos": f"S_B = 5 x the median FCFS iteration ({cal.step_s * 1e3:.2f} ms), "
                          f"S_F = 50 S_B (the paper's ratios to its step time)",
-                 "transfer_budget": budget_source(args, rotasched.transfer_budget_blocks)})
+                 "transfer_budget": budget_source(args, rotasched.transfer_budget_blocks,
+                                                  budget_chosen)})
 
 
-def budget_source(args, budget: int) -> str:
+def budget_source(args, budget: int, chosen: bool) -> str:
     paper = qwen_gh200()
     scaled = (f"SuperInfer's B_xfer scaled to this pool: {args.kv_blocks} x "
               f"{paper.transfer_budget_blocks} / {paper.num_gpu_blocks} (qwen2.5-32b-gh200's KV "
               f"blocks) = {transfer_budget_blocks(args.kv_blocks)}")
     if args.transfer_budget != "auto":
         return f"--transfer-budget {budget} blocks ({scaled})"
-    if not getattr(args, "budget_chosen", True):
+    if not chosen:
         return (f"{budget} blocks: the simulator calibrated on this machine predicted the target "
                 f"at none of {budget_candidates(args)}, so the scaled budget was kept ({scaled})")
     return (f"{budget} blocks: chosen by the simulator calibrated on this machine among "
@@ -373,14 +377,15 @@ def predict(job: tuple) -> dict:
 
 
 def choose_plan(preset: Preset, config: RotaSchedConfig, args,
-                step_s: float) -> tuple[RotaSchedConfig, list[float], list[dict]]:
+                step_s: float) -> tuple[RotaSchedConfig, list[float], list[dict], bool]:
     """``--rates auto`` and ``--transfer-budget auto``: the simulator picks where to measure,
     over a grid of rates around what the KV pool sustains (x each candidate B_xfer when the
     budget is auto; one process per core). Where it predicts the issue's target (LVF's TTFT
     attainment 30+ points above FCFS's, TBT within 5), the budget and rate of the largest gain
     and the grid rate below it; where it predicts none, the first two rates at which FCFS misses
     TTFT SLOs (where the policies part), at the given or scaled budget. The real run then tests
-    the simulator's prediction where it matters. Returns (config, rates, every prediction)."""
+    the simulator's prediction where it matters. Returns (config, rates, every prediction,
+    whether any prediction met the target)."""
     blocks_each = -(-(LENGTHS.input_mean + LENGTHS.output_mean) // preset.block_size)
     resident = min(preset.max_num_seqs, preset.num_gpu_blocks / blocks_each)
     capacity = resident / (LENGTHS.output_mean * step_s)  # req/s the KV pool sustains, roughly
@@ -397,7 +402,6 @@ def choose_plan(preset: Preset, config: RotaSchedConfig, args,
         print(f"  sim: B_xfer {p['budget']:3d}  {p['rate']:7.1f} req/s  LVF - FCFS TTFT "
               f"{p['ttft_pts']:+5.1f} pts, TBT {p['tbt_pts']:+5.1f} pts", flush=True)
     target = [p for p in predictions if p["ttft_pts"] >= 30 and p["tbt_pts"] >= -5]
-    args.budget_chosen = bool(target)  # for the preset's sources
     if target:
         best = max(target, key=lambda p: (p["ttft_pts"], p["tbt_pts"]))
         budget, below = best["budget"], [r for r in grid if r < best["rate"]]
@@ -407,7 +411,7 @@ def choose_plan(preset: Preset, config: RotaSchedConfig, args,
         pressured = [p["rate"] for p in predictions
                      if p["budget"] == budget and p["fcfs_ttft_pct"] < 100]
         rates = (pressured[:2] or grid[-2:]) if args.rates == "auto" else grid
-    return config.replace(transfer_budget_blocks=budget), rates, predictions
+    return config.replace(transfer_budget_blocks=budget), rates, predictions, bool(target)
 
 
 def relative_error(sim, real):
@@ -435,8 +439,8 @@ def run_real_experiment(args) -> tuple[dict, dict, dict]:
           f"budget {config.transfer_budget_blocks} blocks", flush=True)
     predictions = []
     if "auto" in (args.rates, args.transfer_budget):
-        config, args.rates, predictions = choose_plan(preset, config, args, cal.step_s)
-        preset = preset_for(weights, args, cal, config)
+        config, args.rates, predictions, met = choose_plan(preset, config, args, cal.step_s)
+        preset = preset_for(weights, args, cal, config, budget_chosen=met)
         print(f"[{time.perf_counter() - started:.0f} s] chosen by the simulator: B_xfer "
               f"{config.transfer_budget_blocks} blocks, rates "
               f"{args.rates}", flush=True)

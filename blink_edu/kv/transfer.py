@@ -44,7 +44,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from .block_manager import COPY_IN, COPY_OUT
-from .host_store import HostKVStore, consecutive_runs
+from .host_store import HostKVStore, consecutive_runs, mapped_host_array
 
 STAGING_BYTES = 64 << 20  # per direction: 16 blocks of Qwen2.5-32B (4 MiB each)
 
@@ -362,16 +362,14 @@ class MappedTransport(_StreamTransport):
         return [sum(count for _, count in runs) * self.row_bytes] if runs else []
 
     def _slot(self, direction: int) -> _IdSlot:
-        from .host_store import mapped_host_array
-
         arrays = [mapped_host_array(shape, np.int32) for shape in (1, self.max_blocks, self.max_blocks)]
         slot = _IdSlot(*(a for a, _ in arrays), *(v for _, v in arrays))
         if not self.backend.is_simulator:
             slot.graph = self._capture(direction, slot)
         return slot
 
-    def _kernel(self, direction: int, slot: _IdSlot, num_rows: int):
-        """The copy kernel for ``slot``, configured for ``num_rows`` rows on the lane's stream."""
+    def _kernel(self, direction: int, num_rows: int):
+        """The copy kernel, configured for ``num_rows`` rows on the direction's lane."""
         lane = self.lanes[direction]
         grid = self.kv_layout.grid_for_rows(num_rows, self.pool_rows.shape[1])
         return self.kv_layout.move_counted_rows_kernel[grid, self.kv_layout.THREADS, lane.stream]
@@ -382,7 +380,7 @@ class MappedTransport(_StreamTransport):
 
     def _capture(self, direction: int, slot: _IdSlot):
         """One graph per slot: the kernel reads the count and ids from the slot when it runs."""
-        kernel = self._kernel(direction, slot, self.max_blocks)
+        kernel = self._kernel(direction, self.max_blocks)
         args = self._launch_args(direction, slot)
         stream = self.lanes[direction].cupy_stream
         kernel(*args)  # count is 0: compiles the kernel outside the capture, moves nothing
@@ -404,7 +402,7 @@ class MappedTransport(_StreamTransport):
         if slot.graph is not None:
             slot.graph.launch(lane.cupy_stream)
         else:  # the simulator: launch it directly, with as many CUDA blocks as rows
-            self._kernel(direction, slot, n)(*self._launch_args(direction, slot))
+            self._kernel(direction, n)(*self._launch_args(direction, slot))
         ticket.event = lane.record()
         slot.ticket = ticket
 
