@@ -65,16 +65,16 @@ def apply(scheduler, decision: Decision, by_id: dict[int, Sequence]) -> set[int]
     batched copies, ``Scheduler.batched_copies``). Two batches, not one: the first ends -- its
     copy issued -- before the rotate-ins take GPU blocks, so the tail blocks it copies out are
     free for them once it lands, as the policy counted on (at once with a synchronous
-    transport; on a GPU, after ``wait_for_draining``)."""
+    transport; on a GPU, after ``reclaim_draining_blocks``)."""
     with scheduler.batched_copies():
         preempt(scheduler, decision, by_id)
-    if decision.admit and scheduler.rotation is not None and scheduler.block_manager.num_draining:
+    if decision.admit:
         # The policy counted the rotated-out sequences' blocks as free now; those with a copy
-        # still in flight (with eager rotation, each one's dirty tail) are DRAINING until it
-        # lands. On a GPU the copy-out was just issued and runs at once (the model's last step
-        # is over): wait for it here, or the admissions it was made for fail this step and the
-        # policy preempts again next step for the same requests.
-        scheduler.rotation.wait_for_draining()
+        # still in flight are DRAINING until it lands. On a GPU the copy-out was just issued and
+        # runs at once (the model's last step is over): wait for it here, or the admissions it
+        # was made for fail this step and the policy preempts again next step for the same
+        # requests.
+        scheduler.reclaim_draining_blocks()
     with scheduler.batched_copies():
         admitted_waiting = admit(scheduler, decision, by_id)
     rest = [s for s in scheduler.waiting if s not in admitted_waiting]

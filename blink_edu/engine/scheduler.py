@@ -191,6 +191,14 @@ class Scheduler:
                     return
                 self.rotate_in(seq)
 
+    def reclaim_draining_blocks(self) -> bool:
+        """Wait for the copies still reading blocks that rotate-outs gave back (DRAINING: with
+        eager rotation, each one's dirty tail), so those blocks are free now. False if none."""
+        if self.rotation is None or not self.block_manager.num_draining:
+            return False
+        self.rotation.wait_for_draining()
+        return True
+
     def _ready(self, seq: Sequence) -> bool:
         return self.rotation is None or self.rotation.ready(seq.seq_id)
 
@@ -245,8 +253,7 @@ class Scheduler:
         which needs that copy issued, not collected; and it takes one victim per missing block,
         rarely more than one a step."""
         while not self.block_manager.can_grow(seq.seq_id, seq.num_tokens):
-            if self.rotation is not None and self.block_manager.num_draining:
-                self.rotation.wait_for_draining()  # blocks a rotate-out is giving back
+            if self.reclaim_draining_blocks():
                 continue
             victim = self.running.pop()  # the most recently admitted (never one already scheduled)
             self._preempt(victim)
