@@ -23,6 +23,8 @@ p.add_argument("--kv-blocks", type=int, default=96)
 p.add_argument("--calibration-requests", type=int, default=48)
 p.add_argument("--transfer-budget", type=lambda t: t if t == "auto" else int(t), default="auto",
                help="B_xfer of the LVF runs ('auto': the paper's scaled to the pool)")
+p.add_argument("--decision-interval", type=int, default=1,
+               help="LVF decides every N iterations (Policy.decides_at)")
 p.add_argument("--out", default=None)
 p.add_argument("--timers", action="store_true",
                help="no cProfile: wall time per iteration of each part of the engine's step")

@@ -124,7 +124,8 @@ def parse_rates(text: str):
 
 
 def parse_budget(text: str):
-    """--transfer-budget: blocks per iteration, or 'auto' (--real: the simulator picks)."""
+    """--transfer-budget (blocks per iteration) and --decision-interval (iterations): a
+    positive integer, or 'auto' (--real: the simulator picks)."""
     return text if text == "auto" else positive_int(text)
 
 
@@ -163,6 +164,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--transfer-budget", type=parse_budget, default=None,
                     help="--real: RotaSched's B_xfer in blocks per iteration, or 'auto': the "
                          "simulator, calibrated on this machine, picks it with the rates")
+    ap.add_argument("--decision-interval", type=parse_budget, default=None,
+                    help="--real: RotaSched policies decide every N iterations, or 'auto': the "
+                         "simulator picks N with the budget and the rates")
     ap.add_argument("--no-progress", action="store_true")
     args = ap.parse_args(argv)
     for name in args.policies or ():
@@ -172,6 +176,9 @@ def parse_args(argv=None) -> argparse.Namespace:
         ap.error("--rates auto is for --real (the simulator picks the real run's rates)")
     if args.sim and args.transfer_budget is not None:
         ap.error("--transfer-budget is for --real (--sim runs the preset's B_xfer)")
+    if args.sim and args.decision_interval is not None:
+        ap.error("--decision-interval is for --real (--sim decides every iteration, as the "
+                 "paper)")
     if args.real:
         from ..engine.llm_engine import default_executor
         from .slo_real import blocks_for_longest_request
@@ -185,6 +192,7 @@ def parse_args(argv=None) -> argparse.Namespace:
         args.policies = args.policies or ["fcfs", "lvf"]
         args.num_requests = args.num_requests or 40
         args.transfer_budget = args.transfer_budget or "auto"
+        args.decision_interval = args.decision_interval or "auto"
     return args
 
 

@@ -12,8 +12,8 @@ The experiment:
 1. **calibrate** the simulator's step-time model on this machine and executor: replay a burst
    (every request at t=0) under FCFS and under LVF with the very loop that the measured runs use
    (``replay``), and fit ``iteration = a + b * batched tokens + c * context tokens + d * requests
-   moved + e * ranked`` (ranked: the policy sorted the requests by VLT -- LVF under memory
-   pressure): a, b, c on the FCFS iterations that moved nobody, d and e on what every other
+   moved + e * decided`` (decided: the engine described its requests to a RotaSched policy and
+   it decided): a, b, c on the FCFS iterations that moved nobody, d and e on what every other
    iteration took beyond that (``calibrate``). An iteration is everything the loop does from one
    model step to the next (arrivals, scheduling, policy, rotations, the model, handing tokens
    out), which is what the simulator charges for a step;
@@ -23,7 +23,11 @@ The experiment:
    may rotate in per iteration, with the rates (``choose_plan``): on the GPU every request moved
    costs the host tens of microseconds against a ~1 ms step, so the paper's budget scaled to our
    pool (58 blocks: a dozen requests per step) would spend the TBT SLO on bookkeeping -- as
-   SuperInfer sizes B_xfer to what its hardware moves in an iteration, we size it to ours;
+   SuperInfer sizes B_xfer to what its hardware moves in an iteration, we size it to ours.
+   ``--decision-interval auto`` (the default) likewise lets it pick how often the policy
+   decides (every 1, 2, 4, 8 or 16 iterations; ``Policy.decides_at``): SuperInfer's decision
+   is a sliver of its ~20 ms iteration, ours (describe every request, rank them) a fifth of a
+   1.5 ms step;
 3. for each rate and policy, replay one seeded Poisson workload with ShareGPT-like log-normal
    lengths (``sim.workload``) on the engine in real time -- requests are added when their arrival
    time comes, token times are taken as the engine returns them -- and in the simulator;
@@ -85,7 +89,7 @@ class Iteration(NamedTuple):
     tokens: int  # batched tokens
     context: int  # context tokens: every scheduled sequence's cached + scheduled tokens
     moved: int  # requests moved: recomputed, rotated out, rotated in
-    ranked: int  # 1 if the policy ranked the requests by VLT this iteration (LVF under pressure)
+    decided: int  # 1 if a RotaSched policy decided this iteration (the engine described to it)
     seconds: float  # from this iteration's start to the next one's: everything the loop does
 
 
@@ -127,11 +131,13 @@ def rotasched_config(args, step_s: float) -> RotaSchedConfig:
     """The RotaSched parameters of this experiment, for the engine and the simulator alike: the
     paper's alpha and betas; its SLOs as multiples of the step (S_B = 5 steps, S_F = 50 S_B: its
     100 ms and 5 s against a ~20 ms step); ``--transfer-budget``, or (auto, until
-    ``choose_plan`` picks one) the paper's budget scaled to our pool."""
+    ``choose_plan`` picks one) the paper's budget scaled to our pool; ``--decision-interval``,
+    or (auto, until then) the paper's every iteration."""
     tbt = 5 * step_s
-    budget = args.transfer_budget
+    budget, interval = args.transfer_budget, args.decision_interval
     return RotaSchedConfig(ttft_slo_s=50 * tbt, tbt_slo_s=tbt, transfer_budget_blocks=(
-        transfer_budget_blocks(args.kv_blocks) if budget == "auto" else budget))
+        transfer_budget_blocks(args.kv_blocks) if budget == "auto" else budget),
+        decision_interval=1 if interval == "auto" else interval)
 
 
 class BatchRecorder:
@@ -179,7 +185,7 @@ def replay(weights, args, executor, policy: str, rotasched: RotaSchedConfig | No
     measured = {s.request_id: MeasuredRequest(s) for s in workload}
     pending = sorted(workload, key=lambda s: s.arrival_time)
     iterations = []
-    unclosed = None  # the last iteration that ran the model: (tokens, context, moved, ranked,
+    unclosed = None  # the last iteration that ran the model: (tokens, context, moved, decided,
     #                  its start)
     start = time.perf_counter()
     while pending or engine.has_unfinished():
@@ -199,8 +205,8 @@ def replay(weights, args, executor, policy: str, rotasched: RotaSchedConfig | No
         outputs = engine.step()
         record_tokens(measured, outputs, time.perf_counter() - start)
         if len(recorder.batches) > steps_before:
-            ranked = int(getattr(sched.last_decision, "vlt", None) is not None)
-            unclosed = (*recorder.batches[-1], requests_moved(sched) - moved_before, ranked, began)
+            decided = int(sched.last_decision is not None)
+            unclosed = (*recorder.batches[-1], requests_moved(sched) - moved_before, decided, began)
     if unclosed is not None:
         iterations.append(closed(unclosed, time.perf_counter()))
     counts = {"recomputes": sched.num_recomputes, "rotations": sched.num_rotations,
@@ -233,19 +239,22 @@ def burst(n: int, seed: int) -> list[RequestSpec]:
 
 
 def warm_up(weights, args, executor, rng) -> None:
-    """Run a burst through the shared executor under LVF with the paper's defaults (it rotates
-    plenty), unmeasured: the graph executor captures a CUDA graph the first time it meets each
-    batch shape (hundreds of ms), and the kernels -- the copy engines' gather and scatter too --
-    compile at their first launch; neither must count as serving time. The NumPy reference has
-    nothing to compile or capture."""
-    if executor.name != "reference":
-        replay(weights, args, executor, "lvf", RotaSchedConfig(), burst(16, args.seed + 2), rng)
+    """Capture the graph executor's CUDA graph of every batch shape (otherwise it captures one
+    the first time it meets a shape: hundreds of ms in the middle of a measured run), then run
+    a burst through the shared executor under LVF with the paper's defaults (it rotates
+    plenty), unmeasured, so that the kernels -- the copy engines' too -- are compiled. The NumPy
+    reference has nothing to compile or capture."""
+    if executor.name == "reference":
+        return
+    if hasattr(executor, "capture_all"):
+        executor.capture_all()
+    replay(weights, args, executor, "lvf", RotaSchedConfig(), burst(16, args.seed + 2), rng)
 
 
 @dataclass(frozen=True)
 class Calibration:
     """``iteration = a + b * batched tokens + c * context tokens + d * requests moved
-    + e * ranked`` (1 when the policy ranked by VLT), fitted on this machine; ``step_s`` the
+    + e * decided`` (1 when a RotaSched policy decided), fitted on this machine; ``step_s`` the
     median FCFS iteration that moved nobody."""
 
     a: float
@@ -259,11 +268,11 @@ class Calibration:
 def calibrate(weights, args, executor, rng) -> tuple[Calibration, RotaSchedConfig]:
     """Two burst replays, fitted in two stages. FCFS iterations that moved nobody give the step
     itself (a, b, c: the model and the engine's plain loop); then, on every other iteration --
-    FCFS's recomputes and all of LVF's, which rotates and ranks -- what is left over that step
-    gives the host's cost per request moved (d) and per step ranked by VLT (e). (One joint fit
-    lets the step's terms soak up the rotation's costs: the iterations that rank are exactly
-    the LVF ones.) LVF decides with the experiment's RotaSched parameters, whose SLOs come from
-    the FCFS replay's median step."""
+    FCFS's recomputes and all of LVF's, which rotates and decides every step -- what is left
+    over that step gives the host's cost per request moved (d) and per decision (e). (One joint
+    fit lets the step's terms soak up the rotation's costs: the iterations that decide are
+    exactly the LVF ones.) LVF decides with the experiment's RotaSched parameters, whose SLOs
+    come from the FCFS replay's median step."""
     requests = burst(args.calibration_requests, args.seed + 1)
     fcfs = replay(weights, args, executor, "fcfs", None, requests, rng).iterations
     plain = [i for i in fcfs if i.moved == 0]
@@ -277,10 +286,10 @@ def calibrate(weights, args, executor, rng) -> tuple[Calibration, RotaSchedConfi
     tokens, context, _, _, seconds = (np.array(v, dtype=np.float64) for v in zip(*plain))  # (P,)
     a, b, c = nonnegative_lstsq(np.stack([np.ones_like(tokens), tokens, context], axis=1), seconds)
     rest = [i for i in fcfs if i.moved] + lvf
-    tokens, context, moved, ranked, seconds = (np.array(v, dtype=np.float64)
-                                               for v in zip(*rest))  # (R,) each
+    tokens, context, moved, decided, seconds = (np.array(v, dtype=np.float64)
+                                                for v in zip(*rest))  # (R,) each
     left_over = seconds - (a + b * tokens + c * context)  # (R,) beyond the step itself
-    d, e = nonnegative_lstsq(np.stack([moved, ranked], axis=1), left_over)
+    d, e = nonnegative_lstsq(np.stack([moved, decided], axis=1), left_over)
     return Calibration(a, b, c, d, e, step_s), rotasched
 
 
@@ -308,14 +317,15 @@ def link_for(executor: str) -> BandwidthCurve:
 def preset_for(weights, args, cal: Calibration, rotasched: RotaSchedConfig,
                budget_chosen: bool = True) -> Preset:
     """The simulator's copy of this machine; ``budget_chosen``: False when ``choose_plan`` found
-    no budget meeting the target and kept the scaled one (its sources say so)."""
+    no budget and interval meeting the target and kept the scaled budget and the given (or the
+    paper's) interval (its sources say so)."""
     block_bytes = block_nbytes(weights.config, 16, itemsize=4)
     return Preset(
         name=f"bundled-{args.executor}-measured",
         description="the bundled model on this machine, step time fitted just now",
         cost=CostModel(fixed_s=cal.a, per_token_s=cal.b, per_context_token_s=cal.c,
                        block_bytes=block_bytes, link=link_for(args.executor), per_move_s=cal.d,
-                       per_ranked_step_s=cal.e),
+                       per_decision_s=cal.e),
         num_gpu_blocks=args.kv_blocks, max_num_seqs=16, max_num_batched_tokens=256,
         transfer_budget_blocks=rotasched.transfer_budget_blocks, lengths=LENGTHS,
         rates=() if args.rates == "auto" else tuple(args.rates),
@@ -324,11 +334,13 @@ def preset_for(weights, args, cal: Calibration, rotasched: RotaSchedConfig,
         sources={"step_time": f"fitted on this machine: a={cal.a * 1e3:.2f} ms, b="
                               f"{cal.b * 1e6:.1f} us/token, c={cal.c * 1e9:.1f} ns/context token, "
                               f"d={cal.d * 1e6:.0f} us per request moved, e={cal.e * 1e6:.0f} us "
-                              f"per step ranked by VLT",
+                              f"per decision of a RotaSched policy",
                  "slos": f"S_B = 5 x the median FCFS iteration ({cal.step_s * 1e3:.2f} ms), "
                          f"S_F = 50 S_B (the paper's ratios to its step time)",
                  "transfer_budget": budget_source(args, rotasched.transfer_budget_blocks,
-                                                  budget_chosen)})
+                                                  budget_chosen),
+                 "decision_interval": interval_source(args, rotasched.decision_interval,
+                                                      budget_chosen)})
 
 
 def budget_source(args, budget: int, chosen: bool) -> str:
@@ -343,6 +355,17 @@ def budget_source(args, budget: int, chosen: bool) -> str:
                 f"at none of {budget_candidates(args)}, so the scaled budget was kept ({scaled})")
     return (f"{budget} blocks: chosen by the simulator calibrated on this machine among "
             f"{budget_candidates(args)} ({scaled})")
+
+
+def interval_source(args, interval: int, chosen: bool) -> str:
+    if args.decision_interval != "auto":
+        return f"--decision-interval {interval}"
+    if not chosen:
+        return (f"every {interval} iteration(s): the simulator calibrated on this machine "
+                f"predicted the target at none of {interval_candidates(args)}, so the paper's "
+                f"every iteration was kept")
+    return (f"every {interval} iteration(s): chosen by the simulator calibrated on this machine "
+            f"among {interval_candidates(args)} (the paper decides every iteration)")
 
 
 def score(requests, ttft_slo_s: float, tbt_slo_s: float) -> dict:
@@ -363,6 +386,13 @@ def budget_candidates(args) -> list[int]:
     return sorted({b for b in (4, 8, 16, 32, 64) if b < scaled} | {scaled})
 
 
+def interval_candidates(args) -> list[int]:
+    """Decision intervals (iterations) ``--decision-interval auto`` tries: the paper's every
+    iteration, and up to 16 (the TBT SLO is 5 steps: a request rotated out waits at least
+    until the next decision)."""
+    return [1, 2, 4, 8, 16] if args.decision_interval == "auto" else [args.decision_interval]
+
+
 def predict(job: tuple) -> dict:
     """The simulator's LVF - FCFS attainment gaps for one (preset, config, rate): a process-pool
     task (module level, plain arguments)."""
@@ -370,7 +400,8 @@ def predict(job: tuple) -> dict:
     workload = poisson_workload(num_requests, rate, LENGTHS, seed)
     got = {p: score(simulate(preset, make_policy(p, config), workload).requests,
                     config.ttft_slo_s, config.tbt_slo_s) for p in ("fcfs", "lvf")}
-    return {"budget": config.transfer_budget_blocks, "rate": rate,
+    return {"budget": config.transfer_budget_blocks, "interval": config.decision_interval,
+            "rate": rate,
             "ttft_pts": got["lvf"]["ttft_attainment_pct"] - got["fcfs"]["ttft_attainment_pct"],
             "tbt_pts": got["lvf"]["tbt_attainment_pct"] - got["fcfs"]["tbt_attainment_pct"],
             "fcfs_ttft_pct": got["fcfs"]["ttft_attainment_pct"]}
@@ -378,14 +409,16 @@ def predict(job: tuple) -> dict:
 
 def choose_plan(preset: Preset, config: RotaSchedConfig, args,
                 step_s: float) -> tuple[RotaSchedConfig, list[float], list[dict], bool]:
-    """``--rates auto`` and ``--transfer-budget auto``: the simulator picks where to measure,
-    over a grid of rates around what the KV pool sustains (x each candidate B_xfer when the
-    budget is auto; one process per core). Where it predicts the issue's target (LVF's TTFT
-    attainment 30+ points above FCFS's, TBT within 5), the budget and rate of the largest gain
-    and the grid rate below it; where it predicts none, the first two rates at which FCFS misses
-    TTFT SLOs (where the policies part), at the given or scaled budget. The real run then tests
-    the simulator's prediction where it matters. Returns (config, rates, every prediction,
-    whether any prediction met the target)."""
+    """``--rates auto``, ``--transfer-budget auto``, ``--decision-interval auto``: the simulator
+    picks where to measure, over a grid of rates around what the KV pool sustains (x each
+    candidate B_xfer and decision interval that is auto; one process per core). Where it
+    predicts the issue's target (LVF's TTFT attainment 30+ points above FCFS's, TBT within 5),
+    the budget, interval and rate with the widest margin on both counts (the prediction a
+    measurement is least likely to overturn) and the grid rate below it; where it predicts
+    none, the first two rates at which FCFS misses TTFT SLOs (where the policies part), at the
+    given or scaled budget and interval. The real run then tests the simulator's prediction
+    where it matters. Returns (config, rates, every prediction, whether any prediction met the
+    target)."""
     blocks_each = -(-(LENGTHS.input_mean + LENGTHS.output_mean) // preset.block_size)
     resident = min(preset.max_num_seqs, preset.num_gpu_blocks / blocks_each)
     capacity = resident / (LENGTHS.output_mean * step_s)  # req/s the KV pool sustains, roughly
@@ -393,25 +426,30 @@ def choose_plan(preset: Preset, config: RotaSchedConfig, args,
             if args.rates == "auto" else list(args.rates))
     budgets = (budget_candidates(args) if args.transfer_budget == "auto"
                else [config.transfer_budget_blocks])
-    jobs = [(replace(preset, transfer_budget_blocks=b), config.replace(transfer_budget_blocks=b),
-             rate, args.num_requests, args.seed) for b in budgets for rate in grid]
+    jobs = [(replace(preset, transfer_budget_blocks=b),
+             config.replace(transfer_budget_blocks=b, decision_interval=k),
+             rate, args.num_requests, args.seed)
+            for b in budgets for k in interval_candidates(args) for rate in grid]
     with ProcessPoolExecutor(min(len(jobs), os.cpu_count() or 1),
                              mp_context=multiprocessing.get_context("spawn")) as pool:
         predictions = list(pool.map(predict, jobs))
     for p in predictions:
-        print(f"  sim: B_xfer {p['budget']:3d}  {p['rate']:7.1f} req/s  LVF - FCFS TTFT "
-              f"{p['ttft_pts']:+5.1f} pts, TBT {p['tbt_pts']:+5.1f} pts", flush=True)
+        print(f"  sim: B_xfer {p['budget']:3d}  every {p['interval']:2d}  {p['rate']:7.1f} req/s  "
+              f"LVF - FCFS TTFT {p['ttft_pts']:+5.1f} pts, TBT {p['tbt_pts']:+5.1f} pts", flush=True)
     target = [p for p in predictions if p["ttft_pts"] >= 30 and p["tbt_pts"] >= -5]
     if target:
-        best = max(target, key=lambda p: (p["ttft_pts"], p["tbt_pts"]))
-        budget, below = best["budget"], [r for r in grid if r < best["rate"]]
+        best = max(target, key=lambda p: (min(p["ttft_pts"] - 30, p["tbt_pts"] + 5),
+                                          -p["interval"]))
+        budget, interval = best["budget"], best["interval"]
+        below = [r for r in grid if r < best["rate"]]
         rates = below[-1:] + [best["rate"]] if args.rates == "auto" else grid
     else:
-        budget = config.transfer_budget_blocks
-        pressured = [p["rate"] for p in predictions
-                     if p["budget"] == budget and p["fcfs_ttft_pct"] < 100]
+        budget, interval = config.transfer_budget_blocks, config.decision_interval
+        pressured = [p["rate"] for p in predictions if p["budget"] == budget
+                     and p["interval"] == interval and p["fcfs_ttft_pct"] < 100]
         rates = (pressured[:2] or grid[-2:]) if args.rates == "auto" else grid
-    return config.replace(transfer_budget_blocks=budget), rates, predictions, bool(target)
+    chosen = config.replace(transfer_budget_blocks=budget, decision_interval=interval)
+    return chosen, rates, predictions, bool(target)
 
 
 def relative_error(sim, real):
@@ -433,17 +471,16 @@ def run_real_experiment(args) -> tuple[dict, dict, dict]:
     print(f"[{time.perf_counter() - started:.0f} s] calibrated on this machine ({args.executor}): "
           f"step = {cal.a * 1e3:.2f} ms + "
           f"{cal.b * 1e6:.1f} us/token + {cal.c * 1e9:.1f} ns/context token + "
-          f"{cal.d * 1e6:.0f} us per request moved + {cal.e * 1e6:.0f} us per step ranked by "
-          f"VLT; SLOs TTFT "
+          f"{cal.d * 1e6:.0f} us per request moved + {cal.e * 1e6:.0f} us per decision; SLOs TTFT "
           f"{config.ttft_slo_s * 1e3:.0f} ms, TPOT {config.tbt_slo_s * 1e3:.1f} ms; transfer "
           f"budget {config.transfer_budget_blocks} blocks", flush=True)
     predictions = []
-    if "auto" in (args.rates, args.transfer_budget):
+    if "auto" in (args.rates, args.transfer_budget, args.decision_interval):
         config, args.rates, predictions, met = choose_plan(preset, config, args, cal.step_s)
         preset = preset_for(weights, args, cal, config, budget_chosen=met)
         print(f"[{time.perf_counter() - started:.0f} s] chosen by the simulator: B_xfer "
-              f"{config.transfer_budget_blocks} blocks, rates "
-              f"{args.rates}", flush=True)
+              f"{config.transfer_budget_blocks} blocks, a decision every "
+              f"{config.decision_interval} iterations, rates {args.rates}", flush=True)
     raw, errors = {}, []
     for rate in args.rates:
         workload = poisson_workload(args.num_requests, rate, LENGTHS, args.seed)
@@ -477,5 +514,6 @@ def run_real_experiment(args) -> tuple[dict, dict, dict]:
            "executor": args.executor, "kv_blocks": args.kv_blocks, "rates": args.rates,
            "policies": args.policies, "num_requests": args.num_requests, "seed": args.seed,
            "calibration_requests": args.calibration_requests,
-           "transfer_budget": args.transfer_budget, "plan_predictions": predictions}
+           "transfer_budget": args.transfer_budget, "decision_interval": args.decision_interval,
+           "plan_predictions": predictions}
     return cfg, raw, summary

@@ -1,8 +1,9 @@
-"""A RotaSched policy at the head of each engine step: describe, decide, apply.
+"""A RotaSched policy at the head of an engine step: describe, decide, apply.
 
-SuperInfer §3 (RotaSched: every iteration, decide who runs, who waits and who rotates out, by
-Virtual Lag Time) and DESIGN.md §6, §8 ("sched/ policies decide from plain numbers; they never
-call an executor"). The policy (``blink_edu.sched.policies``) sees plain numbers; this module is
+SuperInfer §3 (RotaSched: every iteration -- here every ``decision_interval``-th, see
+``Policy.decides_at`` -- decide who runs, who waits and who rotates out, by Virtual Lag Time)
+and DESIGN.md §6, §8 ("sched/ policies decide from plain numbers; they never call an
+executor"). The policy (``blink_edu.sched.policies``) sees plain numbers; this module is
 the glue between it and the engine's ``Scheduler``:
 
 1. **describe** — one ``RequestView`` per live ``Sequence``, in FCFS order: running (in order of

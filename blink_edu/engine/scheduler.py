@@ -87,7 +87,8 @@ class Scheduler:
         self.policy = policy
         if policy is not None:
             self.resume_rotated = False
-        self.last_decision = None
+        self.last_decision = None  # the policy's decision this step (None: it did not decide)
+        self.num_iterations = 0  # schedule() calls: the policy decides every decision_interval-th
         self._admissible: set[int] | None = None  # waiting ids the policy admitted this step
 
     def attach_rotation(self, rotation) -> None:
@@ -212,7 +213,12 @@ class Scheduler:
             if self.resume_rotated:
                 self._resume_rotated()
         if self.policy is not None:
-            self._admissible = run_policy(self, self.policy, time.monotonic())
+            self._admissible, self.last_decision = set(), None
+            if self.policy.decides_at(self.num_iterations, len(self.running)):
+                self._admissible = run_policy(self, self.policy, time.monotonic())
+            # else the batch stands (Policy.hold): nobody is admitted, and the FCFS rules below
+            # preempt the newest if the others cannot grow
+        self.num_iterations += 1
         preemptions_before = self.num_preemptions
         budget = self._schedule_decodes(scheduled, budget)
         self._schedule_prompts(scheduled, budget,

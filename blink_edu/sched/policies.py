@@ -25,6 +25,14 @@ admission, then the waiting queue front to back (a request preempted by recomput
 front, as in vLLM v1), then rotary requests in the order they were rotated out. FCFS-like
 policies follow that order; LVF breaks VLT ties with it.
 
+**How often.** The paper decides every iteration (``decision_interval=1``, the default). A
+caller that wants fewer decisions counts its iterations and calls ``decide`` only where
+``policy.decides_at(step, num_running)``, and ``policy.hold(view)`` on the steps between: the batch stands,
+nobody is admitted, the newest running requests are preempted only if the others cannot grow.
+SuperInfer's policy is a sliver of its ~20 ms iteration; with our 1.5 ms step on the GPU,
+describing and ranking every request costs a fifth of the step, so ``bench.slo --real`` has the
+simulator choose an interval (DESIGN.md §6, issue #8).
+
 The promise a policy keeps (``check_decision`` verifies it; the simulator calls it every step):
 after its preemptions, the free blocks cover every admitted request's ``blocks_to_run`` plus the
 growth (``blocks_to_run``) of every running request that was not preempted; no request is both
@@ -144,6 +152,24 @@ class Policy:
 
     name = "policy"
     preemption = "recompute"  # "recompute" or "rotary": what happens to a preempted request
+    # The engine describes every live request to this policy on the steps it decides
+    # (engine/policy_step.py), host work the simulator charges (CostModel.per_decision_s).
+    # FCFS is the engine scheduler's own rules: nothing to describe.
+    described = True
+
+    def decides_at(self, step: int, num_running: int) -> bool:
+        """Whether the policy decides at ``step`` (the caller's count of iterations, from 0)
+        with ``num_running`` requests running: every ``config.decision_interval``-th step, and
+        whenever nothing runs (held, such a step would run nothing). The caller calls ``hold``
+        on the other steps."""
+        return step % self.config.decision_interval == 0 or num_running == 0
+
+    def hold(self, view: StepView) -> Decision:
+        """A step between two decisions: the batch stands. Nobody is admitted; if the running
+        requests' growth does not fit, the newest are preempted (the engine scheduler's own
+        passive preemption, which it applies without asking the policy)."""
+        _, preempted, _ = self._preempt_for_growth(view)
+        return self._decision([], preempted)
 
     def __init__(self, config: RotaSchedConfig = RotaSchedConfig()):
         self.config = config
@@ -203,6 +229,10 @@ class FCFS(Policy):
 
     name = "fcfs"
     preemption = "recompute"
+    described = False
+
+    def decides_at(self, step: int, num_running: int) -> bool:
+        return True  # vLLM v1's rules are cheap: they run every step, whatever the interval
 
     def decide(self, view: StepView) -> Decision:
         running, preempted, free = self._preempt_for_growth(view)

@@ -54,6 +54,9 @@ class RotaSchedConfig:
     ttft_slo_s: float = 5.0  # S_F
     tbt_slo_s: float = 0.1  # S_B
     transfer_budget_blocks: int = 2400  # B_xfer: KV blocks the link may move per iteration
+    # the policy decides every this many iterations; in between the batch stands (1: every
+    # iteration, the paper's; more when the host's cost of deciding is a sizeable share of a step)
+    decision_interval: int = 1
 
     def __post_init__(self):
         if self.alpha < 0 or self.beta_f < 0 or self.beta_b < 0:
@@ -62,6 +65,8 @@ class RotaSchedConfig:
             raise ValueError(f"SLOs must be positive: {self}")
         if self.transfer_budget_blocks < 0:
             raise ValueError(f"transfer_budget_blocks must be >= 0: {self}")
+        if self.decision_interval < 1:
+            raise ValueError(f"decision_interval must be >= 1: {self}")
 
     def replace(self, **changes) -> "RotaSchedConfig":
         return RotaSchedConfig(**{**asdict(self), **changes})

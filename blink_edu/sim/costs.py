@@ -67,9 +67,10 @@ class CostModel:
     # host time per request the policy moves (preempt, rotate out, rotate in): bookkeeping on the
     # host's critical path, added to the step, not overlapped (fitted by bench.slo --real)
     per_move_s: float = 0.0
-    # host time of a step whose policy ranked the requests by VLT (LVF under memory pressure:
-    # describe every request, compute VLTs, sort), also on the critical path (fitted likewise)
-    per_ranked_step_s: float = 0.0
+    # host time of a step where a policy the engine describes its requests to decided
+    # (``Policy.described``: describe every live request; LVF under pressure also computes VLTs
+    # and sorts), also on the critical path (fitted likewise)
+    per_decision_s: float = 0.0
 
     def compute_s(self, batched_tokens: int, context_tokens: int) -> float:
         if batched_tokens <= 0:
@@ -80,13 +81,13 @@ class CostModel:
         return self.link.both_ways_s(blocks_in * self.block_bytes, blocks_out * self.block_bytes)
 
     def step_s(self, batched_tokens: int, context_tokens: int, blocks_in: int = 0,
-               blocks_out: int = 0, moves: int = 0, ranked: bool = False) -> float:
+               blocks_out: int = 0, moves: int = 0, decided: bool = False) -> float:
         """One iteration: compute and transfers overlap (cross-iteration pipeline); the host's
-        bookkeeping of ``moves`` requests changing state, and of a ``ranked`` decision, comes
-        on top."""
+        bookkeeping of ``moves`` requests changing state, and of a policy's decision
+        (``decided``), comes on top."""
         return (max(self.compute_s(batched_tokens, context_tokens),
                     self.transfer_s(blocks_in, blocks_out)) + self.per_move_s * moves
-                + self.per_ranked_step_s * ranked)
+                + self.per_decision_s * decided)
 
 
 def kv_block_bytes(num_layers: int, num_kv_heads: int, head_dim: int, block_size: int,

@@ -111,7 +111,7 @@ class Preset:
                 "transfer_budget_blocks": self.transfer_budget_blocks,
                 "step_fixed_s": c.fixed_s, "step_per_token_s": c.per_token_s,
                 "step_per_context_token_s": c.per_context_token_s,
-                "step_per_move_s": c.per_move_s, "step_per_ranked_step_s": c.per_ranked_step_s,
+                "step_per_move_s": c.per_move_s, "step_per_decision_s": c.per_decision_s,
                 "link_sizes_bytes": list(c.link.sizes_bytes), "link_gbps": list(c.link.gbps),
                 "link_duplex_total_gbps": c.link.duplex_total_gbps,
                 "lengths": self.lengths.__dict__, "rates": list(self.rates),

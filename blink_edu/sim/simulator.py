@@ -139,7 +139,8 @@ class Simulator:
             if not (self.running or self.waiting or self.rotary):
                 now = reqs[next_arrival].spec.arrival_time  # idle: jump to the next arrival
                 continue
-            blocks_in, blocks_out, moves, ranked = self._decide_and_apply(now, trace)
+            blocks_in, blocks_out, moves, decided = self._decide_and_apply(now, trace,
+                                                                          len(step_times))
             batch = self._form_batch()
             if not batch and not blocks_in and not blocks_out:
                 if next_arrival < len(reqs):
@@ -149,7 +150,7 @@ class Simulator:
                                         f"{len(self.rotary)} rotary, nothing runs (t={now:.3f})")
             tokens = sum(n for _, n in batch)
             context = sum(r.num_computed + n for r, n in batch)
-            dt = self.preset.cost.step_s(tokens, context, blocks_in, blocks_out, moves, ranked)
+            dt = self.preset.cost.step_s(tokens, context, blocks_in, blocks_out, moves, decided)
             step_starts.append(now)
             step_times.append(dt)
             free_log.append(self.free)
@@ -177,11 +178,14 @@ class Simulator:
             blocks_on_host=blocks_needed(r.num_computed, self.bs) if r.state == ROTARY else 0,
             num_prompt_tokens=r.spec.prompt_len, num_output_tokens=r.num_output)
 
-    def _decide_and_apply(self, now: float, trace: list | None) -> tuple[int, int, int, bool]:
-        """Apply the policy's decision; (blocks in, blocks out, requests moved, whether the
-        policy ranked the requests by VLT)."""
+    def _decide_and_apply(self, now: float, trace: list | None,
+                          step: int) -> tuple[int, int, int, bool]:
+        """Apply the policy's decision (or, between its decisions, ``hold``); (blocks in,
+        blocks out, requests moved, whether the engine would have described the requests to
+        the policy: ``Policy.described`` and it decided)."""
         view = self._view(now)
-        decision = self.policy.decide(view)
+        decides = self.policy.decides_at(step, len(self.running))
+        decision = self.policy.decide(view) if decides else self.policy.hold(view)
         if self.check:
             check_decision(view, decision)
         if trace is not None:
@@ -228,7 +232,7 @@ class Simulator:
         self.blocks_in_total += blocks_in
         self.blocks_out_total += blocks_out
         moves = len(decision.preempt_recompute) + len(decision.preempt_rotary) + rotated_in
-        return blocks_in, blocks_out, moves, decision.vlt is not None
+        return blocks_in, blocks_out, moves, decides and self.policy.described
 
     def _release(self, r: SimRequest) -> None:
         self.running.remove(r)

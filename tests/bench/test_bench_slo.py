@@ -59,6 +59,11 @@ def test_tiny_real_run_is_added_beside_the_sweep(tmp_path, capsys):
     tried = {p["budget"] for p in real["plan_predictions"]}
     assert tried == {4, 8, 16, 19}  # powers of two below the paper's, scaled: 32 x 2400 / 4005
     assert real["rotasched"]["transfer_budget_blocks"] in tried
+    # --decision-interval auto: and every candidate interval with each budget
+    assert {p["interval"] for p in real["plan_predictions"]} == {1, 2, 4, 8, 16}
+    assert len(real["plan_predictions"]) == 4 * 5
+    assert real["rotasched"]["decision_interval"] in {1, 2, 4, 8, 16}
+    assert "decision_interval" in real["preset"]["sources"]
     assert real["preset"]["transfer_budget_blocks"] == real["rotasched"]["transfer_budget_blocks"]
     assert "sim_vs_real_error" in capsys.readouterr().out
 
@@ -83,6 +88,8 @@ def test_non_positive_rates_are_refused(capsys):
     (["--sim", "--num-requests", "x"], "expected an integer"),
     (["--real", "--transfer-budget", "0"], "must be >= 1"),
     (["--sim", "--transfer-budget", "8"], "--transfer-budget is for --real"),
+    (["--real", "--decision-interval", "0"], "must be >= 1"),
+    (["--sim", "--decision-interval", "4"], "--decision-interval is for --real"),
 ])
 def test_bad_arguments_are_refused_before_any_work(capsys, args, message):
     with pytest.raises(SystemExit):

@@ -89,3 +89,35 @@ def test_lvf_records_vlt_when_memory_runs_short(weights, rng):
 def test_unknown_policy_is_a_clear_error():
     with pytest.raises(ValueError, match="unknown scheduling policy 'sjf'"):
         EngineConfig(policy="sjf")
+
+
+def test_between_decisions_the_batch_stands(weights, rng):
+    """decision_interval=3: the engine describes its requests to the policy at every third
+    step (or when nothing runs) and admits nobody in between; the tokens do not change."""
+    from blink_edu.sched.policies import make_policy
+    from blink_edu.sched.vlt import RotaSchedConfig
+
+    engine = LLMEngine(weights, EngineConfig(block_size=4, num_kv_blocks=10, max_num_seqs=4,
+                                             max_num_batched_tokens=16, preemption="rotate",
+                                             policy="lvf"))
+    engine.scheduler.policy = make_policy("lvf", RotaSchedConfig(decision_interval=3))
+    params = [SamplingParams(temperature=0, max_tokens=int(rng.integers(4, 10)), ignore_eos=True)
+              for _ in range(6)]
+    prompts = [rng.integers(3, 120, size=int(rng.integers(4, 12))).tolist() for _ in range(6)]
+    for prompt, p in zip(prompts, params):
+        engine.add_request(prompt, p)
+    sched, tokens, decided = engine.scheduler, {i: [] for i in range(6)}, []
+    while engine.has_unfinished():
+        running_before = {s.seq_id for s in sched.running}
+        step = sched.num_iterations
+        for out in engine.step():
+            tokens[out.request_id].append(out.token_id)
+        if sched.last_decision is not None:
+            decided.append(step)
+        else:  # held: only those already running ran (and maybe fewer, preempted)
+            assert {s.seq_id for s in sched.running} <= running_before
+            assert step % 3 != 0 and running_before
+    assert decided[0] == 0 and len(decided) < sched.num_iterations  # some steps were held
+    assert sched.num_rotations > 0, "the pool was not small enough"
+    assert [tokens[i] for i in range(6)] == reference.generate(weights, prompts, params,
+                                                               block_size=4)

@@ -157,3 +157,34 @@ def test_a_rotary_request_larger_than_the_transfer_budget_still_comes_back_alone
     decision = policy(RotaSchedConfig(transfer_budget_blocks=8)).decide(view)
     assert decision.admit == [1]  # one, over budget; not the second
     check_decision(view, decision)
+
+
+@settings(max_examples=100, deadline=None)
+@given(interval=st.integers(1, 8), step=st.integers(0, 200), num_running=st.integers(0, 4),
+       name=st.sampled_from(sorted(POLICIES)))
+def test_a_policy_decides_every_interval_and_whenever_nothing_runs(interval, step, num_running,
+                                                                   name):
+    policy = make_policy(name, RotaSchedConfig(decision_interval=interval))
+    expected = name == "fcfs" or step % interval == 0 or num_running == 0
+    assert policy.decides_at(step, num_running) == expected
+
+
+@settings(max_examples=200, deadline=None)
+@given(view=step_views(), config=configs, name=st.sampled_from(sorted(POLICIES)))
+def test_hold_admits_nobody_and_preempts_only_the_newest_for_growth(view, config, name):
+    policy = make_policy(name, config)
+    decision = policy.hold(view)
+    check_decision(view, decision)
+    assert decision.admit == []
+    running = view.in_state(RUNNING)
+    preempted = decision.preempted
+    # the newest running requests, newest first, and only as many as the growth needs
+    assert preempted == [r.request_id for r in reversed(running)][:len(preempted)]
+    growth = sum(r.blocks_to_run for r in running)
+    if growth <= view.free_blocks:
+        assert preempted == []
+
+
+def test_a_bad_decision_interval_is_refused():
+    with pytest.raises(ValueError, match="decision_interval"):
+        RotaSchedConfig(decision_interval=0)

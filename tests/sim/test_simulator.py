@@ -118,3 +118,34 @@ def test_vlt_trace_records_every_live_request():
     for t, ids, states, vlt in result.vlt_trace[:50]:
         assert ids.shape == states.shape == vlt.shape
         assert np.all(vlt[states == 1] <= 0) and np.all(vlt[states != 1] >= 0)
+
+
+@pytest.mark.parametrize("interval", [1, 4])
+def test_the_policy_decides_every_interval_and_each_decision_costs(interval):
+    """A policy with decision_interval k decides at every k-th step (and when nothing runs);
+    only those steps pay ``per_decision_s``, and the tokens are the same."""
+    from dataclasses import replace
+
+    class Counting(type(make_policy("lvf"))):
+        def decide(self, view):
+            self.decided.append(view.now)
+            return super().decide(view)
+
+    cost = 1e-3
+    preset = replace(PRESET, cost=replace(PRESET.cost, per_decision_s=cost))
+    workload = poisson_workload(30, 8.0, PRESET.lengths, 1)
+    policy = Counting(PRESET.rotasched_config(decision_interval=interval))
+    policy.decided = []
+    result = simulate(preset, policy, workload)
+    assert result.completed
+    assert all(len(r.token_times) == r.spec.output_len for r in result.requests)
+    decided_steps = np.isin(result.step_starts, policy.decided)  # (steps,)
+    assert decided_steps[0] and decided_steps.sum() <= len(set(policy.decided))
+    assert (result.step_times[decided_steps] >= cost).all()
+    if interval == 1:
+        assert decided_steps.all()
+    else:  # every interval-th step decides; a few more where nothing was running
+        every_kth = np.arange(result.steps) % interval == 0
+        assert (decided_steps >= every_kth).all()
+        assert decided_steps.sum() < 0.5 * result.steps
+    assert preset.cost.step_s(8, 100, decided=True) - preset.cost.step_s(8, 100) == pytest.approx(cost)
