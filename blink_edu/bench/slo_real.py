@@ -266,8 +266,11 @@ class Calibration:
 
 
 def calibrate(weights, args, executor, rng) -> tuple[Calibration, RotaSchedConfig]:
-    """Two burst replays, fitted in two stages. FCFS iterations that moved nobody give the step
-    itself (a, b, c: the model and the engine's plain loop); then, on every other iteration --
+    """Four replays, fitted in two stages. FCFS iterations that moved nobody give the step
+    itself (a, b, c: the model and the engine's plain loop), from a burst (its median sets the
+    SLOs) and from a Poisson stream at about the rate the pool sustains (seeded apart from the
+    measured ones): a burst has few iterations mixing decodes with a prompt chunk, the measured
+    runs are full of them. Then, on every other iteration --
     FCFS's recomputes and all of LVF's, which rotates and decides every step -- what is left
     over that step gives the host's cost per request moved (d) and per decision (e). (One joint
     fit lets the step's terms soak up the rotation's costs: the iterations that decide are
@@ -275,9 +278,12 @@ def calibrate(weights, args, executor, rng) -> tuple[Calibration, RotaSchedConfi
     come from the FCFS replay's median step."""
     requests = burst(args.calibration_requests, args.seed + 1)
     fcfs = replay(weights, args, executor, "fcfs", None, requests, rng).iterations
-    plain = [i for i in fcfs if i.moved == 0]
-    step_s = statistics.median(i.seconds for i in plain)
+    step_s = statistics.median(i.seconds for i in fcfs if i.moved == 0)
     rotasched = rotasched_config(args, step_s)
+    stream = poisson_workload(4 * args.calibration_requests,
+                              sustained_rate(args.kv_blocks, 16, step_s), LENGTHS, args.seed + 3)
+    fcfs += replay(weights, args, executor, "fcfs", None, stream, rng).iterations
+    plain = [i for i in fcfs if i.moved == 0]
     # LVF at two transfer budgets: many moves per step and few, so that the per-move and the
     # per-step costs part
     lvf = [i for budget in sorted({rotasched.transfer_budget_blocks, min(budget_candidates(args))})
@@ -407,6 +413,14 @@ def predict(job: tuple) -> dict:
             "fcfs_ttft_pct": got["fcfs"]["ttft_attainment_pct"]}
 
 
+def sustained_rate(num_gpu_blocks: int, max_num_seqs: int, step_s: float) -> float:
+    """Requests/s a KV pool of ``num_gpu_blocks`` sustains, roughly: as many requests of mean
+    length as it holds (at most ``max_num_seqs``), each done in mean-output-length steps."""
+    blocks_each = -(-(LENGTHS.input_mean + LENGTHS.output_mean) // 16)
+    resident = min(max_num_seqs, num_gpu_blocks / blocks_each)
+    return resident / (LENGTHS.output_mean * step_s)
+
+
 def choose_plan(preset: Preset, config: RotaSchedConfig, args,
                 step_s: float) -> tuple[RotaSchedConfig, list[float], list[dict], bool]:
     """``--rates auto``, ``--transfer-budget auto``, ``--decision-interval auto``: the simulator
@@ -419,9 +433,7 @@ def choose_plan(preset: Preset, config: RotaSchedConfig, args,
     given or scaled budget and interval. The real run then tests the simulator's prediction
     where it matters. Returns (config, rates, every prediction, whether any prediction met the
     target)."""
-    blocks_each = -(-(LENGTHS.input_mean + LENGTHS.output_mean) // preset.block_size)
-    resident = min(preset.max_num_seqs, preset.num_gpu_blocks / blocks_each)
-    capacity = resident / (LENGTHS.output_mean * step_s)  # req/s the KV pool sustains, roughly
+    capacity = sustained_rate(preset.num_gpu_blocks, preset.max_num_seqs, step_s)
     grid = ([round(capacity * f, 1) for f in np.geomspace(0.5, 2.0, 24)]  # the window is narrow
             if args.rates == "auto" else list(args.rates))
     budgets = (budget_candidates(args) if args.transfer_budget == "auto"

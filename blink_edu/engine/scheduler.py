@@ -89,7 +89,7 @@ class Scheduler:
             self.resume_rotated = False
         self.last_decision = None  # the policy's decision this step (None: it did not decide)
         self.num_iterations = 0  # schedule() calls: the policy decides every decision_interval-th
-        self._admissible: set[int] | None = None  # waiting ids the policy admitted this step
+        self._admissible: set[int] | None = None  # waiting ids the policy admitted, not yet in
 
     def attach_rotation(self, rotation) -> None:
         """Give the scheduler a ``kv.rotation.RotationEngine`` over the same block manager."""
@@ -213,11 +213,13 @@ class Scheduler:
             if self.resume_rotated:
                 self._resume_rotated()
         if self.policy is not None:
-            self._admissible, self.last_decision = set(), None
+            self.last_decision = None
             if self.policy.decides_at(self.num_iterations, len(self.running)):
                 self._admissible = run_policy(self, self.policy, time.monotonic())
-            # else the batch stands (Policy.hold): nobody is admitted, and the FCFS rules below
-            # preempt the newest if the others cannot grow
+            # else the batch stands (Policy.hold): the FCFS rules below preempt the newest if
+            # the others cannot grow, and only what the last decision admitted may still enter
+            # (a prompt the token budget left out of that step; the simulator's policy admits
+            # it at once and runs its prompt in chunks)
         self.num_iterations += 1
         preemptions_before = self.num_preemptions
         budget = self._schedule_decodes(scheduled, budget)
@@ -285,6 +287,8 @@ class Scheduler:
             if chunk == 0:
                 return
             self.waiting.popleft()
+            if self._admissible is not None:
+                self._admissible.discard(seq.seq_id)  # admitted once: in, not admissible again
             seq.status = SequenceStatus.RUNNING
             seq.run_start_time = time.monotonic()
             self.running.append(seq)
