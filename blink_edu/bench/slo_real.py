@@ -12,8 +12,9 @@ The experiment:
 1. **calibrate** the simulator's step-time model on this machine and executor: replay a burst
    (every request at t=0) under FCFS and under LVF with the very loop that the measured runs use
    (``replay``), and fit ``iteration = a + b * batched tokens + c * context tokens + d * requests
-   moved + e * decided`` (decided: the engine described its requests to a RotaSched policy and
-   it decided): a, b, c on the FCFS iterations that moved nobody, d and e on what every other
+   moved + e * decided + f * mirrored`` (decided: the engine described its requests to a
+   RotaSched policy and it decided; mirrored: a rotating policy's DuplexKV kept its host
+   mirror): a, b, c on the FCFS iterations that moved nobody, d, e and f on what every other
    iteration took beyond that (``calibrate``). An iteration is everything the loop does from one
    model step to the next (arrivals, scheduling, policy, rotations, the model, handing tokens
    out), which is what the simulator charges for a step;
@@ -90,6 +91,7 @@ class Iteration(NamedTuple):
     context: int  # context tokens: every scheduled sequence's cached + scheduled tokens
     moved: int  # requests moved: recomputed, rotated out, rotated in
     decided: int  # 1 if a RotaSched policy decided this iteration (the engine described to it)
+    mirrored: int  # 1 if a rotation engine kept its host mirror (a rotating policy)
     seconds: float  # from this iteration's start to the next one's: everything the loop does
 
 
@@ -186,7 +188,8 @@ def replay(weights, args, executor, policy: str, rotasched: RotaSchedConfig | No
     pending = sorted(workload, key=lambda s: s.arrival_time)
     iterations = []
     unclosed = None  # the last iteration that ran the model: (tokens, context, moved, decided,
-    #                  its start)
+    #                  mirrored, its start)
+    mirrored = int(sched.rotation is not None)
     start = time.perf_counter()
     while pending or engine.has_unfinished():
         began = time.perf_counter()
@@ -206,7 +209,8 @@ def replay(weights, args, executor, policy: str, rotasched: RotaSchedConfig | No
         record_tokens(measured, outputs, time.perf_counter() - start)
         if len(recorder.batches) > steps_before:
             decided = int(sched.last_decision is not None)
-            unclosed = (*recorder.batches[-1], requests_moved(sched) - moved_before, decided, began)
+            unclosed = (*recorder.batches[-1], requests_moved(sched) - moved_before, decided,
+                        mirrored, began)
     if unclosed is not None:
         iterations.append(closed(unclosed, time.perf_counter()))
     counts = {"recomputes": sched.num_recomputes, "rotations": sched.num_rotations,
@@ -216,7 +220,7 @@ def replay(weights, args, executor, policy: str, rotasched: RotaSchedConfig | No
     return Replay(list(measured.values()), iterations, counts)
 
 
-def closed(unclosed: tuple[int, int, int, int, float], next_start: float) -> Iteration:
+def closed(unclosed: tuple[int, int, int, int, int, float], next_start: float) -> Iteration:
     """The iteration that began at ``unclosed[-1]``, lasting until the next one began."""
     *counts, began = unclosed
     return Iteration(*counts, next_start - began)
@@ -254,14 +258,16 @@ def warm_up(weights, args, executor, rng) -> None:
 @dataclass(frozen=True)
 class Calibration:
     """``iteration = a + b * batched tokens + c * context tokens + d * requests moved
-    + e * decided`` (1 when a RotaSched policy decided), fitted on this machine; ``step_s`` the
-    median FCFS iteration that moved nobody."""
+    + e * decided + f * mirrored`` (1 when a RotaSched policy decided; 1 when DuplexKV kept a
+    host mirror), fitted on this machine; ``step_s`` the median FCFS iteration of the burst
+    that moved nobody."""
 
     a: float
     b: float
     c: float
     d: float
     e: float
+    f: float
     step_s: float
 
 
@@ -270,12 +276,14 @@ def calibrate(weights, args, executor, rng) -> tuple[Calibration, RotaSchedConfi
     itself (a, b, c: the model and the engine's plain loop), from a burst (its median sets the
     SLOs) and from a Poisson stream at about the rate the pool sustains (seeded apart from the
     measured ones): a burst has few iterations mixing decodes with a prompt chunk, the measured
-    runs are full of them. Then, on every other iteration --
-    FCFS's recomputes and all of LVF's, which rotates and decides every step -- what is left
-    over that step gives the host's cost per request moved (d) and per decision (e). (One joint
-    fit lets the step's terms soak up the rotation's costs: the iterations that decide are
-    exactly the LVF ones.) LVF decides with the experiment's RotaSched parameters, whose SLOs
-    come from the FCFS replay's median step."""
+    runs are full of them. Then, on every other iteration -- FCFS's recomputes and all of
+    LVF's, which rotates -- what is left over that step gives the host's cost per request moved
+    (d), per decision (e) and per step of keeping the host mirror (f). (One joint fit lets the
+    step's terms soak up the rotation's costs: the iterations that rotate are exactly the LVF
+    ones.) LVF replays the burst twice: with a large transfer budget, deciding every iteration,
+    and with a small one, deciding every fourth, so that moves, decisions and steps vary apart.
+    It decides with the experiment's RotaSched parameters, whose SLOs come from the FCFS
+    burst's median step."""
     requests = burst(args.calibration_requests, args.seed + 1)
     fcfs = replay(weights, args, executor, "fcfs", None, requests, rng).iterations
     step_s = statistics.median(i.seconds for i in fcfs if i.moved == 0)
@@ -284,19 +292,18 @@ def calibrate(weights, args, executor, rng) -> tuple[Calibration, RotaSchedConfi
                               sustained_rate(args.kv_blocks, 16, step_s), LENGTHS, args.seed + 3)
     fcfs += replay(weights, args, executor, "fcfs", None, stream, rng).iterations
     plain = [i for i in fcfs if i.moved == 0]
-    # LVF at two transfer budgets: many moves per step and few, so that the per-move and the
-    # per-step costs part
-    lvf = [i for budget in sorted({rotasched.transfer_budget_blocks, min(budget_candidates(args))})
-           for i in replay(weights, args, executor, "lvf",
-                           rotasched.replace(transfer_budget_blocks=budget), requests, rng).iterations]
-    tokens, context, _, _, seconds = (np.array(v, dtype=np.float64) for v in zip(*plain))  # (P,)
+    lvf = [i for budget, interval in ((rotasched.transfer_budget_blocks, 1),
+                                      (min(budget_candidates(args)), 4))
+           for i in replay(weights, args, executor, "lvf", rotasched.replace(
+               transfer_budget_blocks=budget, decision_interval=interval), requests, rng).iterations]
+    tokens, context, *_, seconds = (np.array(v, dtype=np.float64) for v in zip(*plain))  # (P,)
     a, b, c = nonnegative_lstsq(np.stack([np.ones_like(tokens), tokens, context], axis=1), seconds)
     rest = [i for i in fcfs if i.moved] + lvf
-    tokens, context, moved, decided, seconds = (np.array(v, dtype=np.float64)
-                                                for v in zip(*rest))  # (R,) each
+    tokens, context, moved, decided, mirrored, seconds = (np.array(v, dtype=np.float64)
+                                                          for v in zip(*rest))  # (R,) each
     left_over = seconds - (a + b * tokens + c * context)  # (R,) beyond the step itself
-    d, e = nonnegative_lstsq(np.stack([moved, decided], axis=1), left_over)
-    return Calibration(a, b, c, d, e, step_s), rotasched
+    d, e, f = nonnegative_lstsq(np.stack([moved, decided, mirrored], axis=1), left_over)
+    return Calibration(a, b, c, d, e, f, step_s), rotasched
 
 
 def nonnegative_lstsq(design: np.ndarray, y: np.ndarray) -> list[float]:
@@ -331,7 +338,7 @@ def preset_for(weights, args, cal: Calibration, rotasched: RotaSchedConfig,
         description="the bundled model on this machine, step time fitted just now",
         cost=CostModel(fixed_s=cal.a, per_token_s=cal.b, per_context_token_s=cal.c,
                        block_bytes=block_bytes, link=link_for(args.executor), per_move_s=cal.d,
-                       per_decision_s=cal.e),
+                       per_decision_s=cal.e, per_mirror_step_s=cal.f),
         num_gpu_blocks=args.kv_blocks, max_num_seqs=16, max_num_batched_tokens=256,
         transfer_budget_blocks=rotasched.transfer_budget_blocks, lengths=LENGTHS,
         rates=() if args.rates == "auto" else tuple(args.rates),
@@ -340,7 +347,8 @@ def preset_for(weights, args, cal: Calibration, rotasched: RotaSchedConfig,
         sources={"step_time": f"fitted on this machine: a={cal.a * 1e3:.2f} ms, b="
                               f"{cal.b * 1e6:.1f} us/token, c={cal.c * 1e9:.1f} ns/context token, "
                               f"d={cal.d * 1e6:.0f} us per request moved, e={cal.e * 1e6:.0f} us "
-                              f"per decision of a RotaSched policy",
+                              f"per decision of a RotaSched policy, f={cal.f * 1e6:.0f} us per "
+                              f"step of a rotating policy's host mirror",
                  "slos": f"S_B = 5 x the median FCFS iteration ({cal.step_s * 1e3:.2f} ms), "
                          f"S_F = 50 S_B (the paper's ratios to its step time)",
                  "transfer_budget": budget_source(args, rotasched.transfer_budget_blocks,
@@ -483,7 +491,8 @@ def run_real_experiment(args) -> tuple[dict, dict, dict]:
     print(f"[{time.perf_counter() - started:.0f} s] calibrated on this machine ({args.executor}): "
           f"step = {cal.a * 1e3:.2f} ms + "
           f"{cal.b * 1e6:.1f} us/token + {cal.c * 1e9:.1f} ns/context token + "
-          f"{cal.d * 1e6:.0f} us per request moved + {cal.e * 1e6:.0f} us per decision; SLOs TTFT "
+          f"{cal.d * 1e6:.0f} us per request moved + {cal.e * 1e6:.0f} us per decision + "
+          f"{cal.f * 1e6:.0f} us per mirrored step; SLOs TTFT "
           f"{config.ttft_slo_s * 1e3:.0f} ms, TPOT {config.tbt_slo_s * 1e3:.1f} ms; transfer "
           f"budget {config.transfer_budget_blocks} blocks", flush=True)
     predictions = []

@@ -71,6 +71,10 @@ class CostModel:
     # (``Policy.described``: describe every live request; LVF under pressure also computes VLTs
     # and sorts), also on the critical path (fitted likewise)
     per_decision_s: float = 0.0
+    # host time per step of a policy that rotates: DuplexKV's host mirror (land the copies
+    # that finished, note the blocks written, issue the eager copy-out of those that filled),
+    # also on the critical path (fitted likewise)
+    per_mirror_step_s: float = 0.0
 
     def compute_s(self, batched_tokens: int, context_tokens: int) -> float:
         if batched_tokens <= 0:
@@ -81,13 +85,14 @@ class CostModel:
         return self.link.both_ways_s(blocks_in * self.block_bytes, blocks_out * self.block_bytes)
 
     def step_s(self, batched_tokens: int, context_tokens: int, blocks_in: int = 0,
-               blocks_out: int = 0, moves: int = 0, decided: bool = False) -> float:
+               blocks_out: int = 0, moves: int = 0, decided: bool = False,
+               mirrored: bool = False) -> float:
         """One iteration: compute and transfers overlap (cross-iteration pipeline); the host's
-        bookkeeping of ``moves`` requests changing state, and of a policy's decision
-        (``decided``), comes on top."""
+        bookkeeping of ``moves`` requests changing state, of a policy's decision (``decided``)
+        and of the host mirror (``mirrored``) comes on top."""
         return (max(self.compute_s(batched_tokens, context_tokens),
                     self.transfer_s(blocks_in, blocks_out)) + self.per_move_s * moves
-                + self.per_decision_s * decided)
+                + self.per_decision_s * decided + self.per_mirror_step_s * mirrored)
 
 
 def kv_block_bytes(num_layers: int, num_kv_heads: int, head_dim: int, block_size: int,

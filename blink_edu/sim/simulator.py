@@ -150,7 +150,8 @@ class Simulator:
                                         f"{len(self.rotary)} rotary, nothing runs (t={now:.3f})")
             tokens = sum(n for _, n in batch)
             context = sum(r.num_computed + n for r, n in batch)
-            dt = self.preset.cost.step_s(tokens, context, blocks_in, blocks_out, moves, decided)
+            dt = self.preset.cost.step_s(tokens, context, blocks_in, blocks_out, moves, decided,
+                                         mirrored=self.eager_copy_out)
             step_starts.append(now)
             step_times.append(dt)
             free_log.append(self.free)
