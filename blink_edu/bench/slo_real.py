@@ -167,9 +167,13 @@ def requests_moved(scheduler) -> int:
 def make_engine(weights, args, executor, policy: str, rotasched: RotaSchedConfig | None,
                 num_requests: int) -> tuple[LLMEngine, BatchRecorder]:
     """A fresh engine for ``policy`` over the shared ``executor`` (warmed up once); a RotaSched
-    policy decides with ``rotasched`` (the engine's own default is the paper's absolute SLOs)."""
+    policy decides with ``rotasched`` (the engine's own default is the paper's absolute SLOs).
+    Its host arena is sized for the measured runs' ``args.num_requests`` at least, so that
+    the calibration replays keep the host books the measured runs keep (the allocator's scans
+    grow with the arena)."""
     recorder = BatchRecorder(executor)
-    engine = LLMEngine(weights, engine_config(args, policy, num_requests), executor=recorder)
+    config = engine_config(args, policy, max(num_requests, args.num_requests))
+    engine = LLMEngine(weights, config, executor=recorder)
     if policy != "fcfs":
         engine.scheduler.policy = make_policy(policy, rotasched)
     return engine, recorder
@@ -472,6 +476,20 @@ def choose_plan(preset: Preset, config: RotaSchedConfig, args,
     return chosen, rates, predictions, bool(target)
 
 
+def iteration_fit(iterations: list[Iteration], cost: CostModel) -> dict:
+    """How well the fitted cost model times a measured run's own iterations: their mean, and
+    the model's mean for the very same iterations (compute, moves, decisions, mirror; the
+    copies overlap the step). A gap here is the step model's error; the rest of a gap between
+    simulated and measured latencies comes from the two schedules drifting apart."""
+    if not iterations:
+        return {}
+    modelled = [cost.compute_s(i.tokens, i.context) + cost.per_move_s * i.moved
+                + cost.per_decision_s * i.decided + cost.per_mirror_step_s * i.mirrored
+                for i in iterations]
+    return {"mean_iteration_ms": 1e3 * statistics.fmean(i.seconds for i in iterations),
+            "mean_iteration_model_ms": 1e3 * statistics.fmean(modelled)}
+
+
 def relative_error(sim, real):
     return None if sim is None or not real else abs(sim - real) / real
 
@@ -507,7 +525,8 @@ def run_real_experiment(args) -> tuple[dict, dict, dict]:
         workload = poisson_workload(args.num_requests, rate, LENGTHS, args.seed)
         for policy in args.policies:
             run = replay(weights, args, executor, policy, config, workload, rng)
-            real = {**score(run.requests, config.ttft_slo_s, config.tbt_slo_s), **run.counts}
+            real = {**score(run.requests, config.ttft_slo_s, config.tbt_slo_s), **run.counts,
+                    **iteration_fit(run.iterations, preset.cost)}
             sim_result = simulate(preset, make_policy(policy, config), workload)
             sim = {**score(sim_result.requests, config.ttft_slo_s, config.tbt_slo_s),
                    "preemptions": sum(r.num_preemptions for r in sim_result.requests),
