@@ -25,6 +25,8 @@ p.add_argument("--transfer-budget", type=lambda t: t if t == "auto" else int(t),
                help="B_xfer of the LVF runs ('auto': the paper's scaled to the pool)")
 p.add_argument("--decision-interval", type=int, default=1,
                help="LVF decides every N iterations (Policy.decides_at)")
+p.add_argument("--num-requests", type=int, default=200,
+               help="size the host arena as bench.slo --real does for this many requests")
 p.add_argument("--out", default=None)
 p.add_argument("--timers", action="store_true",
                help="no cProfile: wall time per iteration of each part of the engine's step")
