@@ -276,30 +276,30 @@ class Calibration:
 
 
 def calibrate(weights, args, executor, rng) -> tuple[Calibration, RotaSchedConfig]:
-    """Four replays, fitted in two stages. FCFS iterations that moved nobody give the step
-    itself (a, b, c: the model and the engine's plain loop), from a burst (its median sets the
-    SLOs) and from a Poisson stream at about the rate the pool sustains (seeded apart from the
-    measured ones): a burst has few iterations mixing decodes with a prompt chunk, the measured
-    runs are full of them. Then, on every other iteration -- FCFS's recomputes and all of
-    LVF's, which rotates -- what is left over that step gives the host's cost per request moved
-    (d), per decision (e) and per step of keeping the host mirror (f). (One joint fit lets the
-    step's terms soak up the rotation's costs: the iterations that rotate are exactly the LVF
-    ones.) LVF replays the burst twice: with a large transfer budget, deciding every iteration,
-    and with a small one, deciding every fourth, so that moves, decisions and steps vary apart.
-    It decides with the experiment's RotaSched parameters, whose SLOs come from the FCFS
-    burst's median step."""
+    """A burst under FCFS sets the SLOs (its median plain iteration is the step); then a
+    Poisson stream at about the rate the pool sustains, seeded apart from the measured runs
+    but like them (a burst has few iterations mixing decodes with a prompt chunk, and its
+    rotations come in waves), is replayed three times and fitted in two stages. FCFS
+    iterations that moved nobody give the step itself (a, b, c: the model and the engine's
+    plain loop); on every other iteration -- FCFS's recomputes and all of LVF's, which
+    rotates -- what is left over that step gives the host's cost per request moved (d), per
+    decision (e) and per step of keeping the host mirror (f). (One joint fit lets the step's
+    terms soak up the rotation's costs: the iterations that rotate are exactly the LVF ones.)
+    LVF runs twice: with the scaled transfer budget, deciding every iteration, and with a small
+    one, deciding every fourth, so that moves, decisions and steps vary apart; it decides with
+    the experiment's RotaSched parameters."""
     requests = burst(args.calibration_requests, args.seed + 1)
-    fcfs = replay(weights, args, executor, "fcfs", None, requests, rng).iterations
-    step_s = statistics.median(i.seconds for i in fcfs if i.moved == 0)
+    step_s = statistics.median(i.seconds for i in replay(
+        weights, args, executor, "fcfs", None, requests, rng).iterations if i.moved == 0)
     rotasched = rotasched_config(args, step_s)
     stream = poisson_workload(4 * args.calibration_requests,
                               sustained_rate(args.kv_blocks, 16, step_s), LENGTHS, args.seed + 3)
-    fcfs += replay(weights, args, executor, "fcfs", None, stream, rng).iterations
+    fcfs = replay(weights, args, executor, "fcfs", None, stream, rng).iterations
     plain = [i for i in fcfs if i.moved == 0]
     lvf = [i for budget, interval in ((rotasched.transfer_budget_blocks, 1),
                                       (min(budget_candidates(args)), 4))
            for i in replay(weights, args, executor, "lvf", rotasched.replace(
-               transfer_budget_blocks=budget, decision_interval=interval), requests, rng).iterations]
+               transfer_budget_blocks=budget, decision_interval=interval), stream, rng).iterations]
     tokens, context, *_, seconds = (np.array(v, dtype=np.float64) for v in zip(*plain))  # (P,)
     a, b, c = nonnegative_lstsq(np.stack([np.ones_like(tokens), tokens, context], axis=1), seconds)
     rest = [i for i in fcfs if i.moved] + lvf

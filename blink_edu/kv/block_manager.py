@@ -85,7 +85,8 @@ class BlockManager:
         if need > self.num_free:
             raise OutOfBlocks(f"sequence {seq_id} needs {need} more block(s), {self.num_free} free")
         new = [self._free.pop() for _ in range(need)]
-        self.state[new] = DIRTY
+        if new:  # a decode mostly needs none: skip the NumPy call (it runs every step, per sequence)
+            self.state[new] = DIRTY
         self.tables.setdefault(seq_id, []).extend(new)
         self.num_tokens.setdefault(seq_id, 0)
         return new
@@ -101,7 +102,8 @@ class BlockManager:
         after = num_tokens // self.block_size
         self.num_tokens[seq_id] = num_tokens
         filled = table[before:after]
-        self.state[filled] = SYNCED
+        if filled:  # one block in block_size steps fills
+            self.state[filled] = SYNCED
         return filled
 
     def free(self, seq_id: int) -> None:

@@ -168,8 +168,8 @@ class RotationEngine:
         B = self.block_size
         written = range(old_tokens // B, blocks_needed(new_tokens, B))
         self.mirrored.setdefault(seq_id, set()).difference_update(written)
-        if self.eager:
-            filled = range(old_tokens // B, new_tokens // B)
+        filled = range(old_tokens // B, new_tokens // B)
+        if self.eager and filled:
             self.pending_out.setdefault(seq_id, set()).update(filled)
 
     def flush(self) -> Ticket | None:
