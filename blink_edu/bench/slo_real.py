@@ -279,23 +279,25 @@ def calibrate(weights, args, executor, rng) -> tuple[Calibration, RotaSchedConfi
     """A burst under FCFS sets the SLOs (its median plain iteration is the step); then a
     Poisson stream at about the rate the pool sustains, seeded apart from the measured runs
     but like them (a burst has few iterations mixing decodes with a prompt chunk, and its
-    rotations come in waves), is replayed three times and fitted in two stages. FCFS
-    iterations that moved nobody give the step itself (a, b, c: the model and the engine's
-    plain loop); on every other iteration -- FCFS's recomputes and all of LVF's, which
-    rotates -- what is left over that step gives the host's cost per request moved (d), per
-    decision (e) and per step of keeping the host mirror (f). (One joint fit lets the step's
+    rotations come in waves), is replayed three times. Two stages of fitting: FCFS iterations
+    that moved nobody, of the burst and of the stream (between them, the range of batches and
+    contexts the measured runs meet), give the step itself (a, b, c: the model and the
+    engine's plain loop); on every other iteration of the stream -- FCFS's recomputes and all
+    of LVF's, which rotates -- what is left over that step gives the host's cost per request
+    moved (d), per decision (e) and per step of keeping the host mirror (f). (One joint fit lets the step's
     terms soak up the rotation's costs: the iterations that rotate are exactly the LVF ones.)
     LVF runs twice: with the scaled transfer budget, deciding every iteration, and with a small
     one, deciding every fourth, so that moves, decisions and steps vary apart; it decides with
     the experiment's RotaSched parameters."""
     requests = burst(args.calibration_requests, args.seed + 1)
-    step_s = statistics.median(i.seconds for i in replay(
-        weights, args, executor, "fcfs", None, requests, rng).iterations if i.moved == 0)
+    plain = [i for i in replay(weights, args, executor, "fcfs", None, requests, rng).iterations
+             if i.moved == 0]
+    step_s = statistics.median(i.seconds for i in plain)
     rotasched = rotasched_config(args, step_s)
     stream = poisson_workload(4 * args.calibration_requests,
                               sustained_rate(args.kv_blocks, 16, step_s), LENGTHS, args.seed + 3)
     fcfs = replay(weights, args, executor, "fcfs", None, stream, rng).iterations
-    plain = [i for i in fcfs if i.moved == 0]
+    plain += [i for i in fcfs if i.moved == 0]
     lvf = [i for budget, interval in ((rotasched.transfer_budget_blocks, 1),
                                       (min(budget_candidates(args)), 4))
            for i in replay(weights, args, executor, "lvf", rotasched.replace(
