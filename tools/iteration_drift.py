@@ -22,7 +22,7 @@ p.add_argument("--kv-blocks", type=int, default=96)
 p.add_argument("--calibration-requests", type=int, default=24)
 p.add_argument("--num-requests", type=int, default=200)
 args = p.parse_args()
-args.seed, args.transfer_budget, args.decision_interval = 0, 16, 4
+args.seed, args.transfer_budget, args.decision_interval, args.rates = 0, 16, 4, "auto"
 weights = load_weights(resolve_model_dir())
 executor = make_executor(args.executor, weights, S.engine_config(args, "fcfs", 0))
 rng = np.random.default_rng(0)
