@@ -31,7 +31,8 @@ cal, config = S.calibrate(weights, args, executor, rng)
 cost = S.preset_for(weights, args, cal, config).cost
 rate = S.sustained_rate(args.kv_blocks, 16, cal.step_s)
 print(f"fit: a={cal.a * 1e3:.3f} ms b={cal.b * 1e6:.2f} us/token c={cal.c * 1e9:.0f} ns/context "
-      f"d={cal.d * 1e6:.0f} us/move e={cal.e * 1e6:.0f} us/decision f={cal.f * 1e6:.0f} us/mirror; "
+      f"d={cal.d * 1e6:.0f} us/move e={cal.e * 1e6:.0f} us/decision f={cal.f * 1e6:.0f} us/mirror "
+      f"g={cal.g * 1e6:.1f} us/request held; "
       f"sustained {rate:.1f} req/s")
 for factor in (0.8, 1.0, 1.15):
     workload = S.poisson_workload(args.num_requests, factor * rate, S.LENGTHS, args.seed + 7)

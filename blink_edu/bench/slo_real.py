@@ -12,10 +12,10 @@ The experiment:
 1. **calibrate** the simulator's step-time model on this machine and executor: replay a burst
    (every request at t=0) under FCFS and under LVF with the very loop that the measured runs use
    (``replay``), and fit ``iteration = a + b * batched tokens + c * context tokens + d * requests
-   moved + e * decided + f * mirrored`` (decided: the engine described its requests to a
-   RotaSched policy and it decided; mirrored: a rotating policy's DuplexKV kept its host
-   mirror): a, b, c on the FCFS iterations that moved nobody, d, e and f on what every other
-   iteration took beyond that (``calibrate``). An iteration is everything the loop does from one
+   moved + e * decided + f * mirrored + g * live requests`` (decided: the engine described its
+   requests to a RotaSched policy and it decided; mirrored: a rotating policy's DuplexKV kept
+   its host mirror; live: requests the engine holds): a, b, c, g on the FCFS iterations that
+   moved nobody, d, e and f on what every other iteration took beyond that (``calibrate``). An iteration is everything the loop does from one
    model step to the next (arrivals, scheduling, policy, rotations, the model, handing tokens
    out), which is what the simulator charges for a step;
 2. build a preset from it (the same KV pool, block size, batch limits; SLOs scaled to the step as
@@ -92,6 +92,7 @@ class Iteration(NamedTuple):
     moved: int  # requests moved: recomputed, rotated out, rotated in
     decided: int  # 1 if a RotaSched policy decided this iteration (the engine described to it)
     mirrored: int  # 1 if a rotation engine kept its host mirror (a rotating policy)
+    live: int  # requests the engine held (running, waiting, rotated out) when it scheduled
     seconds: float  # from this iteration's start to the next one's: everything the loop does
 
 
@@ -192,7 +193,7 @@ def replay(weights, args, executor, policy: str, rotasched: RotaSchedConfig | No
     pending = sorted(workload, key=lambda s: s.arrival_time)
     iterations = []
     unclosed = None  # the last iteration that ran the model: (tokens, context, moved, decided,
-    #                  mirrored, its start)
+    #                  mirrored, live, its start)
     mirrored = int(sched.rotation is not None)
     start = time.perf_counter()
     while pending or engine.has_unfinished():
@@ -209,12 +210,13 @@ def replay(weights, args, executor, policy: str, rotasched: RotaSchedConfig | No
             time.sleep(min(1e-3, max(0.0, pending[0].arrival_time - (began - start))))
             continue
         steps_before, moved_before = len(recorder.batches), requests_moved(sched)
+        live = len(sched.running) + len(sched.waiting) + len(sched.rotated)
         outputs = engine.step()
         record_tokens(measured, outputs, time.perf_counter() - start)
         if len(recorder.batches) > steps_before:
             decided = int(sched.last_decision is not None)
             unclosed = (*recorder.batches[-1], requests_moved(sched) - moved_before, decided,
-                        mirrored, began)
+                        mirrored, live, began)
     if unclosed is not None:
         iterations.append(closed(unclosed, time.perf_counter()))
     counts = {"recomputes": sched.num_recomputes, "rotations": sched.num_rotations,
@@ -224,7 +226,7 @@ def replay(weights, args, executor, policy: str, rotasched: RotaSchedConfig | No
     return Replay(list(measured.values()), iterations, counts)
 
 
-def closed(unclosed: tuple[int, int, int, int, int, float], next_start: float) -> Iteration:
+def closed(unclosed: tuple[int, int, int, int, int, int, float], next_start: float) -> Iteration:
     """The iteration that began at ``unclosed[-1]``, lasting until the next one began."""
     *counts, began = unclosed
     return Iteration(*counts, next_start - began)
@@ -262,9 +264,9 @@ def warm_up(weights, args, executor, rng) -> None:
 @dataclass(frozen=True)
 class Calibration:
     """``iteration = a + b * batched tokens + c * context tokens + d * requests moved
-    + e * decided + f * mirrored`` (1 when a RotaSched policy decided; 1 when DuplexKV kept a
-    host mirror), fitted on this machine; ``step_s`` the median FCFS iteration of the burst
-    that moved nobody."""
+    + e * decided + f * mirrored + g * live`` (1 when a RotaSched policy decided; 1 when
+    DuplexKV kept a host mirror; the requests the engine held), fitted on this machine;
+    ``step_s`` the median FCFS iteration of the burst that moved nobody."""
 
     a: float
     b: float
@@ -272,6 +274,7 @@ class Calibration:
     d: float
     e: float
     f: float
+    g: float
     step_s: float
 
 
@@ -282,7 +285,7 @@ def calibrate(weights, args, executor, rng) -> tuple[Calibration, RotaSchedConfi
     rotations come in waves), is replayed three times. Two stages of fitting: FCFS iterations
     that moved nobody, of the burst and of the stream (between them, the range of batches and
     contexts the measured runs meet), give the step itself (a, b, c: the model and the
-    engine's plain loop); on every other iteration of the stream -- FCFS's recomputes and all
+    engine's plain loop; g: its books that grow with the requests held); on every other iteration of the stream -- FCFS's recomputes and all
     of LVF's, which rotates -- what is left over that step gives the host's cost per request
     moved (d), per decision (e) and per step of keeping the host mirror (f). (One joint fit lets the step's
     terms soak up the rotation's costs: the iterations that rotate are exactly the LVF ones.)
@@ -302,14 +305,16 @@ def calibrate(weights, args, executor, rng) -> tuple[Calibration, RotaSchedConfi
                                       (min(budget_candidates(args)), 4))
            for i in replay(weights, args, executor, "lvf", rotasched.replace(
                transfer_budget_blocks=budget, decision_interval=interval), stream, rng).iterations]
-    tokens, context, *_, seconds = (np.array(v, dtype=np.float64) for v in zip(*plain))  # (P,)
-    a, b, c = nonnegative_lstsq(np.stack([np.ones_like(tokens), tokens, context], axis=1), seconds)
+    tokens, context, _, _, _, live, seconds = (np.array(v, dtype=np.float64)
+                                               for v in zip(*plain))  # (P,) each
+    a, b, c, g = nonnegative_lstsq(np.stack([np.ones_like(tokens), tokens, context, live], axis=1),
+                                   seconds)
     rest = [i for i in fcfs if i.moved] + lvf
-    tokens, context, moved, decided, mirrored, seconds = (np.array(v, dtype=np.float64)
-                                                          for v in zip(*rest))  # (R,) each
-    left_over = seconds - (a + b * tokens + c * context)  # (R,) beyond the step itself
+    tokens, context, moved, decided, mirrored, live, seconds = (np.array(v, dtype=np.float64)
+                                                                for v in zip(*rest))  # (R,) each
+    left_over = seconds - (a + b * tokens + c * context + g * live)  # (R,) beyond the step
     d, e, f = nonnegative_lstsq(np.stack([moved, decided, mirrored], axis=1), left_over)
-    return Calibration(a, b, c, d, e, f, step_s), rotasched
+    return Calibration(a, b, c, d, e, f, g, step_s), rotasched
 
 
 def nonnegative_lstsq(design: np.ndarray, y: np.ndarray) -> list[float]:
@@ -344,7 +349,8 @@ def preset_for(weights, args, cal: Calibration, rotasched: RotaSchedConfig,
         description="the bundled model on this machine, step time fitted just now",
         cost=CostModel(fixed_s=cal.a, per_token_s=cal.b, per_context_token_s=cal.c,
                        block_bytes=block_bytes, link=link_for(args.executor), per_move_s=cal.d,
-                       per_decision_s=cal.e, per_mirror_step_s=cal.f),
+                       per_decision_s=cal.e, per_mirror_step_s=cal.f,
+                       per_live_request_s=cal.g),
         num_gpu_blocks=args.kv_blocks, max_num_seqs=16, max_num_batched_tokens=256,
         transfer_budget_blocks=rotasched.transfer_budget_blocks, lengths=LENGTHS,
         rates=() if args.rates == "auto" else tuple(args.rates),
@@ -354,7 +360,8 @@ def preset_for(weights, args, cal: Calibration, rotasched: RotaSchedConfig,
                               f"{cal.b * 1e6:.1f} us/token, c={cal.c * 1e9:.1f} ns/context token, "
                               f"d={cal.d * 1e6:.0f} us per request moved, e={cal.e * 1e6:.0f} us "
                               f"per decision of a RotaSched policy, f={cal.f * 1e6:.0f} us per "
-                              f"step of a rotating policy's host mirror",
+                              f"step of a rotating policy's host mirror, g={cal.g * 1e6:.1f} us "
+                              f"per request held per step",
                  "slos": f"S_B = 5 x the median FCFS iteration ({cal.step_s * 1e3:.2f} ms), "
                          f"S_F = 50 S_B (the paper's ratios to its step time)",
                  "transfer_budget": budget_source(args, rotasched.transfer_budget_blocks,
@@ -485,9 +492,8 @@ def iteration_fit(iterations: list[Iteration], cost: CostModel) -> dict:
     simulated and measured latencies comes from the two schedules drifting apart."""
     if not iterations:
         return {}
-    modelled = [cost.compute_s(i.tokens, i.context) + cost.per_move_s * i.moved
-                + cost.per_decision_s * i.decided + cost.per_mirror_step_s * i.mirrored
-                for i in iterations]
+    modelled = [cost.step_s(i.tokens, i.context, moves=i.moved, decided=bool(i.decided),
+                            mirrored=bool(i.mirrored), live=i.live) for i in iterations]
     return {"mean_iteration_ms": 1e3 * statistics.fmean(i.seconds for i in iterations),
             "mean_iteration_model_ms": 1e3 * statistics.fmean(modelled)}
 
@@ -512,7 +518,8 @@ def run_real_experiment(args) -> tuple[dict, dict, dict]:
           f"step = {cal.a * 1e3:.2f} ms + "
           f"{cal.b * 1e6:.1f} us/token + {cal.c * 1e9:.1f} ns/context token + "
           f"{cal.d * 1e6:.0f} us per request moved + {cal.e * 1e6:.0f} us per decision + "
-          f"{cal.f * 1e6:.0f} us per mirrored step; SLOs TTFT "
+          f"{cal.f * 1e6:.0f} us per mirrored step + {cal.g * 1e6:.1f} us per request held; "
+          f"SLOs TTFT "
           f"{config.ttft_slo_s * 1e3:.0f} ms, TPOT {config.tbt_slo_s * 1e3:.1f} ms; transfer "
           f"budget {config.transfer_budget_blocks} blocks", flush=True)
     predictions = []

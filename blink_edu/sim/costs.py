@@ -75,6 +75,9 @@ class CostModel:
     # that finished, note the blocks written, issue the eager copy-out of those that filled),
     # also on the critical path (fitted likewise)
     per_mirror_step_s: float = 0.0
+    # host time per step per request the engine holds (running, waiting or rotated out): the
+    # books that grow with the queue (fitted likewise)
+    per_live_request_s: float = 0.0
 
     def compute_s(self, batched_tokens: int, context_tokens: int) -> float:
         if batched_tokens <= 0:
@@ -86,13 +89,14 @@ class CostModel:
 
     def step_s(self, batched_tokens: int, context_tokens: int, blocks_in: int = 0,
                blocks_out: int = 0, moves: int = 0, decided: bool = False,
-               mirrored: bool = False) -> float:
+               mirrored: bool = False, live: int = 0) -> float:
         """One iteration: compute and transfers overlap (cross-iteration pipeline); the host's
-        bookkeeping of ``moves`` requests changing state, of a policy's decision (``decided``)
-        and of the host mirror (``mirrored``) comes on top."""
+        bookkeeping of ``moves`` requests changing state, of a policy's decision (``decided``),
+        of the host mirror (``mirrored``) and of the ``live`` requests it holds comes on top."""
         return (max(self.compute_s(batched_tokens, context_tokens),
                     self.transfer_s(blocks_in, blocks_out)) + self.per_move_s * moves
-                + self.per_decision_s * decided + self.per_mirror_step_s * mirrored)
+                + self.per_decision_s * decided + self.per_mirror_step_s * mirrored
+                + self.per_live_request_s * live)
 
 
 def kv_block_bytes(num_layers: int, num_kv_heads: int, head_dim: int, block_size: int,

@@ -30,7 +30,7 @@ MICRO = dict(model_type="llama", vocab_size=120, hidden_size=32, intermediate_si
 # about the bundled model on the H200 as bench.slo --real fits it (bench/results/slo.json)
 COST = CostModel(fixed_s=0.5e-3, per_token_s=8e-6, per_context_token_s=0.9e-6,
                  block_bytes=128 * 1024, link=PCIE_H200, per_move_s=100e-6,
-                 per_decision_s=50e-6, per_mirror_step_s=40e-6)
+                 per_decision_s=50e-6, per_mirror_step_s=40e-6, per_live_request_s=2e-6)
 PRESET = Preset(name="engine-vs-sim", description="", cost=COST, num_gpu_blocks=96,
                 max_num_seqs=16, max_num_batched_tokens=256, transfer_budget_blocks=16,
                 lengths=LENGTHS, rates=(), num_requests=200)
@@ -83,11 +83,13 @@ def serve_in_virtual_time(weights, policy: str, workload, monkeypatch) -> list[M
             clock[0] = pending[0].arrival_time
             continue
         moved = requests_moved(sched)
+        live = len(sched.running) + len(sched.waiting) + len(sched.rotated)
         batch, scheduled = sched.schedule()
         assert batch is not None, "nothing ran: the NumPy pool's copies land at once"
         executor.step(batch)
         clock[0] += COST.step_s(*executor.last, moves=requests_moved(sched) - moved,
-                                decided=sched.last_decision is not None, mirrored=rotary)
+                                decided=sched.last_decision is not None, mirrored=rotary,
+                                live=live)
         produced = sched.postprocess(scheduled, np.zeros(len(scheduled), np.int32), clock[0])
         record_tokens(measured, [StepOutput(s.request_id, 0, s.is_finished, s.finish_reason)
                                  for s in produced], clock[0])
