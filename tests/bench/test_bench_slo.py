@@ -95,3 +95,18 @@ def test_bad_arguments_are_refused_before_any_work(capsys, args, message):
     with pytest.raises(SystemExit):
         slo.main(args)
     assert message in capsys.readouterr().err
+
+
+def test_the_plan_measures_where_the_target_has_the_widest_margin_or_the_nearest_miss():
+    from blink_edu.bench.slo_real import nearest_to_target
+
+    def p(budget, interval, ttft, tbt, fcfs=80.0):
+        return {"budget": budget, "interval": interval, "rate": 1.0, "ttft_pts": ttft,
+                "tbt_pts": tbt, "fcfs_ttft_pct": fcfs}
+
+    met = [p(8, 1, 60, -4), p(16, 4, 40, 0), p(32, 8, 70, -20), p(58, 1, 90, 0, fcfs=100)]
+    assert nearest_to_target(met) == met[1]  # margins 1, 10, -25; the last: FCFS met TTFT
+    missed = [p(8, 1, 9, -2), p(16, 4, 25, -30), p(32, 8, 12, -1)]
+    assert nearest_to_target(missed) == missed[2]  # margins -21, -25, -18
+    tie = [p(8, 4, 35, 0), p(8, 2, 35, 0)]
+    assert nearest_to_target(tie)["interval"] == 2
