@@ -33,27 +33,30 @@ from .sequence import Sequence
 
 
 def describe(scheduler, now: float) -> tuple[StepView, dict[int, Sequence]]:
-    """The step as the policy sees it, and the sequences by id."""
+    """The step as the policy sees it, and the sequences by id. It runs over every live request
+    (a queue of a hundred under overload) on every step the policy decides, so each view is
+    built from plain attributes, positionally -- the field order of ``RequestView``."""
     bm = scheduler.block_manager
     views, by_id = [], {}
     for state, seqs in ((RUNNING, scheduler.running), (WAITING, scheduler.waiting),
                         (ROTARY, scheduler.rotated)):
         for seq in seqs:
+            sid = seq.seq_id
+            num_prompt, num_output = len(seq.prompt_token_ids), len(seq.output_token_ids)
             if state == RUNNING:
-                held = len(bm.block_table(seq.seq_id))
-                to_run = bm.blocks_to_grow(seq.seq_id, seq.num_tokens)
+                held = len(bm.tables[sid])
+                to_run = bm.blocks_to_grow(sid, num_prompt + num_output)
             elif state == WAITING:
-                held, to_run = 0, blocks_needed(seq.num_tokens, bm.block_size)
+                held, to_run = 0, blocks_needed(num_prompt + num_output, bm.block_size)
             else:
                 held, to_run = 0, scheduler.blocks_to_rotate_in(seq)
+            run_start = seq.run_start_time
             views.append(RequestView(
-                request_id=seq.seq_id, state=state, arrival_time=seq.arrival_time,
-                run_start_time=math.nan if seq.run_start_time is None else seq.run_start_time,
-                last_token_time=seq.token_times[-1] if seq.token_times else math.nan,
-                blocks_held=held, blocks_to_run=to_run,
-                blocks_on_host=to_run if state == ROTARY else 0,
-                num_prompt_tokens=seq.num_prompt_tokens, num_output_tokens=seq.num_output_tokens))
-            by_id[seq.seq_id] = seq
+                sid, state, seq.arrival_time, math.nan if run_start is None else run_start,
+                seq.token_times[-1] if seq.token_times else math.nan,  # last_token_time
+                held, to_run, to_run if state == ROTARY else 0,  # blocks held, to run, on host
+                num_prompt, num_output))
+            by_id[sid] = seq
     view = StepView(now=now, free_blocks=bm.num_free, requests=views,
                     max_num_seqs=scheduler.max_num_seqs)
     return view, by_id
@@ -78,9 +81,10 @@ def apply(scheduler, decision: Decision, by_id: dict[int, Sequence]) -> set[int]
         scheduler.reclaim_draining_blocks()
     with scheduler.batched_copies():
         admitted_waiting = admit(scheduler, decision, by_id)
-    rest = [s for s in scheduler.waiting if s not in admitted_waiting]
+    admitted_ids = {s.seq_id for s in admitted_waiting}
+    rest = [s for s in scheduler.waiting if s.seq_id not in admitted_ids]
     scheduler.waiting = deque(admitted_waiting + rest)
-    return {s.seq_id for s in admitted_waiting}
+    return admitted_ids
 
 
 def preempt(scheduler, decision: Decision, by_id: dict[int, Sequence]) -> None:
