@@ -86,7 +86,8 @@ def run_sim(args) -> dict:
     previous = out_dir / "slo.json"
     if previous.exists():  # keep a real-engine part measured earlier (--real)
         old = json.loads(previous.read_text())
-        for key in ("sim_vs_real_error", "sim_vs_real_error_median", "real_rate",
+        for key in ("sim_vs_real_error", "sim_vs_real_error_median", "iteration_model_error",
+                    "real_rate",
                     "real_lvf_minus_fcfs_ttft_attainment_pts",
                     "real_lvf_minus_fcfs_tbt_attainment_pts"):
             if key in old.get("summary", {}):

@@ -50,8 +50,10 @@ def test_tiny_real_run_is_added_beside_the_sweep(tmp_path, capsys):
         for side in ("real", "sim"):
             assert 0 <= run[side]["ttft_attainment_pct"] <= 100
             assert run[side]["median_tpot_ms"] > 0
+        assert run["real"]["mean_iteration_ms"] > 0 and run["real"]["mean_iteration_model_ms"] > 0
     error = data["summary"]["sim_vs_real_error"]
     assert isinstance(error, float) and error >= 0
+    assert data["summary"]["iteration_model_error"] >= 0
     real = data["config"]["real"]
     assert real["preset"]["ttft_slo_s"] > 0
     # --transfer-budget auto: the simulator tried every candidate B_xfer at the given rate and
