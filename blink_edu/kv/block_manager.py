@@ -39,6 +39,14 @@ def blocks_needed(num_tokens: int, block_size: int) -> int:
     return -(-num_tokens // block_size)
 
 
+def set_each(array: np.ndarray, indices, value) -> None:
+    """``array[indices] = value`` for the handful of blocks one sequence or one copy touches.
+    A Python loop: NumPy's fancy indexing costs tens of microseconds of overhead a call, and
+    these books are kept for every sequence on every step."""
+    for i in indices:
+        array[i] = value
+
+
 class BlockManager:
     def __init__(self, num_blocks: int, block_size: int = 16):
         if num_blocks < 1 or block_size < 1:
@@ -85,8 +93,7 @@ class BlockManager:
         if need > self.num_free:
             raise OutOfBlocks(f"sequence {seq_id} needs {need} more block(s), {self.num_free} free")
         new = [self._free.pop() for _ in range(need)]
-        if new:  # a decode mostly needs none: skip the NumPy call (it runs every step, per sequence)
-            self.state[new] = DIRTY
+        set_each(self.state, new, DIRTY)
         self.tables.setdefault(seq_id, []).extend(new)
         self.num_tokens.setdefault(seq_id, 0)
         return new
@@ -102,8 +109,7 @@ class BlockManager:
         after = num_tokens // self.block_size
         self.num_tokens[seq_id] = num_tokens
         filled = table[before:after]
-        if filled:  # one block in block_size steps fills
-            self.state[filled] = SYNCED
+        set_each(self.state, filled, SYNCED)
         return filled
 
     def free(self, seq_id: int) -> None:
@@ -113,9 +119,9 @@ class BlockManager:
         self.num_tokens.pop(seq_id, None)
         busy = [b for b in blocks if self.transfer[b] != NO_TRANSFER]
         idle = [b for b in blocks if self.transfer[b] == NO_TRANSFER]
-        self.state[busy] = DRAINING
+        set_each(self.state, busy, DRAINING)
         self._draining.update(busy)
-        self.state[idle] = FREE
+        set_each(self.state, idle, FREE)
         self._free.extend(reversed(idle))
 
     # --- copies in flight (kv/rotation.py) ---------------------------------------------------
@@ -126,17 +132,17 @@ class BlockManager:
     def begin_transfer(self, blocks, direction: int) -> None:
         """A copy out of (``COPY_OUT``) or into (``COPY_IN``) ``blocks`` was issued."""
         blocks = list(blocks)
-        if (self.transfer[blocks] != NO_TRANSFER).any():
+        if any(self.transfer[b] != NO_TRANSFER for b in blocks):
             raise RuntimeError(f"blocks {blocks} already have a copy in flight")
-        self.transfer[blocks] = direction
+        set_each(self.transfer, blocks, direction)
 
     def end_transfer(self, blocks) -> None:
         """The copy for ``blocks`` landed: drained blocks join the free list now."""
         blocks = list(blocks)
-        self.transfer[blocks] = NO_TRANSFER
+        set_each(self.transfer, blocks, NO_TRANSFER)
         landed = [b for b in blocks if b in self._draining]
         self._draining.difference_update(landed)
-        self.state[landed] = FREE
+        set_each(self.state, landed, FREE)
         self._free.extend(landed)
 
     def check(self) -> None:

@@ -31,6 +31,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from .block_manager import set_each
+
 
 class OutOfHostBlocks(RuntimeError):
     """The host arena has too few free blocks for this rotation."""
@@ -126,24 +128,24 @@ class HostKVStore:
             starts = np.flatnonzero(window == n)
             ids = (np.arange(starts[0], starts[0] + n) if len(starts)
                    else np.flatnonzero(self.is_free)[:n]).astype(np.int32)
-        self.is_free[ids] = False
+        set_each(self.is_free, ids, False)
         self._num_free -= n
         return ids
 
     def free(self, ids) -> None:
         """Give host blocks back; one with a copy in flight waits for it to land."""
-        ids = np.asarray(ids, dtype=np.int64)
-        if ids.size and self.is_free[ids].any():
-            raise RuntimeError(f"host blocks {ids[self.is_free[ids]].tolist()} are already free")
-        busy = self.in_flight[ids] > 0  # (n,)
-        self._release_on_landing.update(ids[busy].tolist())
-        self._mark_free(ids[~busy])
+        ids = np.asarray(ids).tolist()
+        already = [h for h in ids if self.is_free[h]]
+        if already:
+            raise RuntimeError(f"host blocks {already} are already free")
+        self._release_on_landing.update(h for h in ids if self.in_flight[h] > 0)
+        self._mark_free([h for h in ids if self.in_flight[h] == 0])
 
     def begin_transfer(self, ids) -> None:
-        ids = np.asarray(ids, dtype=np.int64)
-        if ids.size and self.is_free[ids].any():
+        ids = np.asarray(ids).tolist()
+        if any(self.is_free[h] for h in ids):
             raise RuntimeError("a copy to or from a free host block")
-        for h in ids.tolist():  # a block may be named twice: no fancy-index increment
+        for h in ids:  # a block may be named twice: no fancy-index increment
             self.in_flight[h] += 1
 
     def end_transfer(self, ids) -> None:
@@ -156,7 +158,7 @@ class HostKVStore:
         self._mark_free(landed)
 
     def _mark_free(self, ids) -> None:
-        self.is_free[ids] = True
+        set_each(self.is_free, ids, True)
         self._num_free += len(ids)
 
     def check(self) -> None:
