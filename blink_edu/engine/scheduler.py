@@ -313,10 +313,10 @@ class Scheduler:
         """The blocks this step writes must have no copy out of them in flight."""
         B, start = self.block_manager.block_size, seq.num_cached_tokens
         table = self.block_manager.block_table(seq.seq_id)
-        written = table[start // B: blocks_needed(start + num_tokens, B)]  # one or two blocks
         transfer = self.block_manager.transfer
-        if any(transfer[b] == COPY_OUT for b in written):
-            raise RuntimeError(f"{seq}: a block this step writes is being copied out")
+        for block in table[start // B: blocks_needed(start + num_tokens, B)]:  # one or two
+            if transfer[block] == COPY_OUT:
+                raise RuntimeError(f"{seq}: a block this step writes is being copied out")
 
     def _preempt(self, seq: Sequence) -> None:
         """Preemption: by rotation when asked for and possible (tokens cached, room on the

@@ -166,8 +166,9 @@ class RotationEngine:
         ``BlockManager.mark_written``). Their blocks' host copies are stale now; the blocks that
         just became full are queued for the next eager ``flush``."""
         B = self.block_size
-        written = range(old_tokens // B, blocks_needed(new_tokens, B))
-        self.mirrored.setdefault(seq_id, set()).difference_update(written)
+        mirrored = self.mirrored.get(seq_id)
+        if mirrored:  # their host copies are stale now
+            mirrored.difference_update(range(old_tokens // B, blocks_needed(new_tokens, B)))
         filled = range(old_tokens // B, new_tokens // B)
         if self.eager and filled:
             self.pending_out.setdefault(seq_id, set()).update(filled)
@@ -401,7 +402,8 @@ class RotationEngine:
         assert len(owners) == len(set(owners)), "a host block mirrors two blocks"
         assert not self.host.is_free[owners].any(), "a host copy in a free host block"
         for seq_id in self.rotated:
-            assert set(range(self.blocks_to_rotate_in(seq_id))) <= self.mirrored[seq_id], \
+            have = self.mirrored.get(seq_id, set())
+            assert set(range(self.blocks_to_rotate_in(seq_id))) <= have, \
                 "a rotated-out sequence lacks a host copy"
 
 
