@@ -1,13 +1,16 @@
-"""How far the engine's iterations drift from the fitted step model as load grows (issue #8).
+"""How far the engine's iterations drift from the fitted step model as load grows (issue #8),
+and where each iteration's time goes: inside the executor's step (the model) or around it (the
+host's loop, scheduling, policy, rotation books).
 
 Calibrates as ``bench.slo --real`` does, then replays Poisson streams of the experiment's
-lengths under FCFS and LVF at 0.8x, 1.0x and 1.15x the rate the KV pool sustains, each with
-Python's garbage collector on and then off, and prints per run the mean iteration, the cost
-model's mean for the very same iterations, and their ratio. Usage:
-``python tools/iteration_drift.py [--executor graph] [--num-requests 200]``."""
+lengths under FCFS and LVF at 0.8x, 1.0x, 1.15x and 1.3x the rate the KV pool sustains, and
+prints per run the mean iteration, the cost model's mean for the very same iterations, and the
+mean model and host parts. ``--dump FILE`` writes every iteration (JSON) for offline fits.
+Usage: ``python tools/iteration_drift.py [--executor graph] [--num-requests 200] [--dump F]``."""
 
 import argparse
-import gc
+import json
+import statistics
 
 import numpy as np
 
@@ -21,8 +24,11 @@ p.add_argument("--executor", default="graph")
 p.add_argument("--kv-blocks", type=int, default=96)
 p.add_argument("--calibration-requests", type=int, default=24)
 p.add_argument("--num-requests", type=int, default=200)
+p.add_argument("--transfer-budget", type=int, default=16)
+p.add_argument("--decision-interval", type=int, default=4)
+p.add_argument("--dump", default=None, help="write every iteration of every run here (JSON)")
 args = p.parse_args()
-args.seed, args.transfer_budget, args.decision_interval, args.rates = 0, 16, 4, "auto"
+args.seed, args.rates = 0, "auto"
 weights = load_weights(resolve_model_dir())
 executor = make_executor(args.executor, weights, S.engine_config(args, "fcfs", 0))
 rng = np.random.default_rng(0)
@@ -32,19 +38,24 @@ cost = S.preset_for(weights, args, cal, config).cost
 rate = S.sustained_rate(args.kv_blocks, 16, cal.step_s)
 print(f"fit: a={cal.a * 1e3:.3f} ms b={cal.b * 1e6:.2f} us/token c={cal.c * 1e9:.0f} ns/context "
       f"d={cal.d * 1e6:.0f} us/move e={cal.e * 1e6:.0f} us/decision f={cal.f * 1e6:.0f} us/mirror "
-      f"g={cal.g * 1e6:.1f} us/request held; "
-      f"sustained {rate:.1f} req/s")
-for factor in (0.8, 1.0, 1.15):
+      f"g={cal.g * 1e6:.1f} us/request held; sustained {rate:.1f} req/s; B_xfer "
+      f"{config.transfer_budget_blocks}, a decision every {config.decision_interval}", flush=True)
+dump = {"calibration": cal.__dict__, "fields": list(S.Iteration._fields), "runs": []}
+for factor in (0.8, 1.0, 1.15, 1.3):
     workload = S.poisson_workload(args.num_requests, factor * rate, S.LENGTHS, args.seed + 7)
     for policy in ("fcfs", "lvf"):
-        for collect in (True, False):
-            gc.collect()
-            if not collect:
-                gc.disable()
-            run = S.replay(weights, args, executor, policy, config, workload, rng)
-            gc.enable()
-            fit = S.iteration_fit(run.iterations, cost)
-            print(f"{factor:4.2f}x {policy:4s} gc {'on ' if collect else 'off'}  mean iteration "
-                  f"{fit['mean_iteration_ms']:.3f} ms, model {fit['mean_iteration_model_ms']:.3f} "
-                  f"ms ({fit['mean_iteration_ms'] / fit['mean_iteration_model_ms']:.3f}x), "
-                  f"{len(run.iterations)} iterations", flush=True)
+        run = S.replay(weights, args, executor, policy, config, workload, rng)
+        its = run.iterations
+        fit = S.iteration_fit(its, cost)
+        model = statistics.fmean(i.model_seconds for i in its)
+        host = statistics.fmean(i.seconds - i.model_seconds for i in its)
+        print(f"{factor:4.2f}x {policy:4s} mean iteration {fit['mean_iteration_ms']:.3f} ms, cost "
+              f"model {fit['mean_iteration_model_ms']:.3f} ms ({fit['mean_iteration_ms'] / fit['mean_iteration_model_ms']:.3f}x); "
+              f"executor {model * 1e3:.3f} ms + host {host * 1e3:.3f} ms; mean live "
+              f"{statistics.fmean(i.live for i in its):.0f}, moves/it "
+              f"{statistics.fmean(i.moved for i in its):.2f}; {len(its)} iterations", flush=True)
+        dump["runs"].append({"factor": factor, "rate": factor * rate, "policy": policy,
+                             "iterations": [list(i) for i in its]})
+if args.dump:
+    with open(args.dump, "w") as f:
+        json.dump(dump, f)

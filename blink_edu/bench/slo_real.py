@@ -89,6 +89,8 @@ class Iteration(NamedTuple):
 
     tokens: int  # batched tokens
     context: int  # context tokens: every scheduled sequence's cached + scheduled tokens
+    seqs: int  # sequences in the batch
+    model_seconds: float  # inside the executor's step: the model (launch, GPU, sampled tokens)
     moved: int  # requests moved: recomputed, rotated out, rotated in
     decided: int  # 1 if a RotaSched policy decided this iteration (the engine described to it)
     mirrored: int  # 1 if a rotation engine kept its host mirror (a rotating policy)
@@ -144,7 +146,8 @@ def rotasched_config(args, step_s: float) -> RotaSchedConfig:
 
 
 class BatchRecorder:
-    """Wraps an executor: records (batched tokens, context tokens) of every step it runs."""
+    """Wraps an executor: records (batched tokens, context tokens, sequences, seconds) of every
+    step it runs."""
 
     def __init__(self, executor):
         self.executor, self.batches = executor, []
@@ -156,8 +159,11 @@ class BatchRecorder:
         # context as the simulator counts it: each sequence's cached + scheduled tokens, i.e. its
         # last token's position + 1 (S,)
         context = int((batch.positions[batch.logit_rows] + 1).sum())
-        self.batches.append((batch.num_tokens, context))
-        return self.executor.step(batch)
+        began = time.perf_counter()
+        sampled = self.executor.step(batch)
+        self.batches.append((batch.num_tokens, context, batch.num_seqs,
+                             time.perf_counter() - began))
+        return sampled
 
 
 def requests_moved(scheduler) -> int:
@@ -192,8 +198,8 @@ def replay(weights, args, executor, policy: str, rotasched: RotaSchedConfig | No
     measured = {s.request_id: MeasuredRequest(s) for s in workload}
     pending = sorted(workload, key=lambda s: s.arrival_time)
     iterations = []
-    unclosed = None  # the last iteration that ran the model: (tokens, context, moved, decided,
-    #                  mirrored, live, its start)
+    unclosed = None  # the last iteration that ran the model: (tokens, context, seqs,
+    #                  model_seconds, moved, decided, mirrored, live, its start)
     mirrored = int(sched.rotation is not None)
     start = time.perf_counter()
     while pending or engine.has_unfinished():
@@ -226,7 +232,7 @@ def replay(weights, args, executor, policy: str, rotasched: RotaSchedConfig | No
     return Replay(list(measured.values()), iterations, counts)
 
 
-def closed(unclosed: tuple[int, int, int, int, int, int, float], next_start: float) -> Iteration:
+def closed(unclosed: tuple, next_start: float) -> Iteration:
     """The iteration that began at ``unclosed[-1]``, lasting until the next one began."""
     *counts, began = unclosed
     return Iteration(*counts, next_start - began)
@@ -305,16 +311,18 @@ def calibrate(weights, args, executor, rng) -> tuple[Calibration, RotaSchedConfi
                                       (min(budget_candidates(args)), 4))
            for i in replay(weights, args, executor, "lvf", rotasched.replace(
                transfer_budget_blocks=budget, decision_interval=interval), stream, rng).iterations]
-    tokens, context, _, _, _, live, seconds = (np.array(v, dtype=np.float64)
-                                               for v in zip(*plain))  # (P,) each
-    a, b, c, g = nonnegative_lstsq(np.stack([np.ones_like(tokens), tokens, context, live], axis=1),
-                                   seconds)
-    rest = [i for i in fcfs if i.moved] + lvf
-    tokens, context, moved, decided, mirrored, live, seconds = (np.array(v, dtype=np.float64)
-                                                                for v in zip(*rest))  # (R,) each
-    left_over = seconds - (a + b * tokens + c * context + g * live)  # (R,) beyond the step
-    d, e, f = nonnegative_lstsq(np.stack([moved, decided, mirrored], axis=1), left_over)
+    p = columns(plain)  # (P,) each
+    a, b, c, g = nonnegative_lstsq(np.stack([np.ones_like(p.tokens), p.tokens, p.context, p.live],
+                                            axis=1), p.seconds)
+    r = columns([i for i in fcfs if i.moved] + lvf)  # (R,) each
+    left_over = r.seconds - (a + b * r.tokens + c * r.context + g * r.live)  # (R,) beyond the step
+    d, e, f = nonnegative_lstsq(np.stack([r.moved, r.decided, r.mirrored], axis=1), left_over)
     return Calibration(a, b, c, d, e, f, g, step_s), rotasched
+
+
+def columns(iterations: list[Iteration]) -> Iteration:
+    """The iterations as one ``Iteration`` of float64 arrays, (N,) each."""
+    return Iteration(*(np.array(v, dtype=np.float64) for v in zip(*iterations)))
 
 
 def nonnegative_lstsq(design: np.ndarray, y: np.ndarray) -> list[float]:
