@@ -22,6 +22,7 @@ from blink_edu.model.weights import load_weights
 p = argparse.ArgumentParser()
 p.add_argument("--executor", default="graph")
 p.add_argument("--kv-blocks", type=int, default=96)
+p.add_argument("--max-num-seqs", type=int, default=16)
 p.add_argument("--calibration-requests", type=int, default=24)
 p.add_argument("--num-requests", type=int, default=200)
 p.add_argument("--transfer-budget", type=int, default=16)
@@ -35,10 +36,8 @@ rng = np.random.default_rng(0)
 S.warm_up(weights, args, executor, rng)
 cal, config = S.calibrate(weights, args, executor, rng)
 cost = S.preset_for(weights, args, cal, config).cost
-rate = S.sustained_rate(args.kv_blocks, 16, cal.step_s)
-print(f"fit: a={cal.a * 1e3:.3f} ms b={cal.b * 1e6:.2f} us/token c={cal.c * 1e9:.0f} ns/context "
-      f"d={cal.d * 1e6:.0f} us/move e={cal.e * 1e6:.0f} us/decision f={cal.f * 1e6:.0f} us/mirror "
-      f"g={cal.g * 1e6:.1f} us/request held; sustained {rate:.1f} req/s; B_xfer "
+rate = S.sustained_rate(args.kv_blocks, args.max_num_seqs, cal.step_s)
+print(f"fit: {cal.described()}; sustained {rate:.1f} req/s; B_xfer "
       f"{config.transfer_budget_blocks}, a decision every {config.decision_interval}", flush=True)
 dump = {"calibration": cal.__dict__, "fields": list(S.Iteration._fields), "runs": []}
 for factor in (0.8, 1.0, 1.15, 1.3):
@@ -51,8 +50,8 @@ for factor in (0.8, 1.0, 1.15, 1.3):
         host = statistics.fmean(i.seconds - i.model_seconds for i in its)
         print(f"{factor:4.2f}x {policy:4s} mean iteration {fit['mean_iteration_ms']:.3f} ms, cost "
               f"model {fit['mean_iteration_model_ms']:.3f} ms ({fit['mean_iteration_ms'] / fit['mean_iteration_model_ms']:.3f}x); "
-              f"executor {model * 1e3:.3f} ms + host {host * 1e3:.3f} ms; mean live "
-              f"{statistics.fmean(i.live for i in its):.0f}, moves/it "
+              f"executor {model * 1e3:.3f} ms + host {host * 1e3:.3f} ms; sequences/it "
+              f"{statistics.fmean(i.seqs for i in its):.1f}, moves/it "
               f"{statistics.fmean(i.moved for i in its):.2f}; {len(its)} iterations", flush=True)
         dump["runs"].append({"factor": factor, "rate": factor * rate, "policy": policy,
                              "iterations": [list(i) for i in its]})

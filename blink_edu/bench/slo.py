@@ -45,7 +45,7 @@ def run_real(args) -> dict:
     merged_raw = {**previous.get("raw", {}), "real": raw}
     merged_summary = {**previous.get("summary", {}), **summary}
     path = write_results("slo", config, merged_raw, merged_summary, out_dir=out_dir)
-    print(f"sim_vs_real_error (largest relative error of median TTFT / TPOT): "
+    print(f"sim_vs_real_error (largest relative error of mean TTFT / TPOT): "
           f"{summary['sim_vs_real_error']:.1%}; wrote {path}")
     return merged_summary
 
@@ -86,7 +86,8 @@ def run_sim(args) -> dict:
     previous = out_dir / "slo.json"
     if previous.exists():  # keep a real-engine part measured earlier (--real)
         old = json.loads(previous.read_text())
-        for key in ("sim_vs_real_error", "sim_vs_real_error_median", "iteration_model_error",
+        for key in ("sim_vs_real_error", "sim_vs_real_median_error",
+                    "sim_vs_real_attainment_error_pts", "iteration_model_error",
                     "real_rate",
                     "real_lvf_minus_fcfs_ttft_attainment_pts",
                     "real_lvf_minus_fcfs_tbt_attainment_pts"):
@@ -160,6 +161,8 @@ def parse_args(argv=None) -> argparse.Namespace:
                     help="--real: reference (CPU) or graph (GPU); default: the backend's")
     ap.add_argument("--kv-blocks", type=positive_int, default=96,
                     help="--real: the engine's KV pool (16-token blocks)")
+    ap.add_argument("--max-num-seqs", type=positive_int, default=16,
+                    help="--real: the engine's batch limit (sequences per step)")
     ap.add_argument("--calibration-requests", type=positive_int, default=24,
                     help="--real: requests in each calibration burst")
     ap.add_argument("--transfer-budget", type=parse_budget, default=None,

@@ -39,7 +39,7 @@ from ..kv.block_manager import blocks_needed
 from ..kv.pool import allocate_kv_pool
 from ..model.reference import rope_tables
 from ..model.weights import ModelWeights
-from .step import StepBatch
+from .step import StepBatch, padded_step_shape
 
 
 def powers_of_two_upto(limit: int) -> list[int]:
@@ -50,14 +50,15 @@ def powers_of_two_upto(limit: int) -> list[int]:
 
 
 class BucketTable:
-    """O(1) map from a step's (sequences, tokens) to the padded shape its graph was captured at."""
+    """O(1) map from a step's (sequences, tokens) to the padded shape its graph was captured at
+    (``step.padded_step_shape``)."""
 
     def __init__(self, max_seqs: int, max_tokens: int):
         self.seq_sizes = powers_of_two_upto(max_seqs)
         self.token_sizes = powers_of_two_upto(max_tokens)
-        self._seq_bucket = np.array([next(b for b in self.seq_sizes if b >= n)
+        self._seq_bucket = np.array([padded_step_shape(n, 0)[0]
                                      for n in range(self.seq_sizes[-1] + 1)])
-        self._token_bucket = np.array([next(b for b in self.token_sizes if b >= n)
+        self._token_bucket = np.array([padded_step_shape(0, n)[1]
                                        for n in range(self.token_sizes[-1] + 1)])
 
     def __call__(self, num_seqs: int, num_tokens: int) -> tuple[int, int]:

@@ -4,9 +4,12 @@ DESIGN.md §4 (PCIe H200 copy bandwidth measured by this project) and §6 (Super
 GH200 NVLink-C2C bandwidth for batched, block-first copies; DuplexKV's both-ways figures).
 
 * **step time** — a linear model of one forward pass over a flat batch:
-  ``a + b * batched_tokens + c * context_tokens`` seconds, where ``a`` is the fixed cost (reading
-  the weights, launches), ``b`` the cost per token in the batch (GEMMs) and ``c`` the cost per
-  token of KV that attention reads (all running requests' context).
+  ``a + b * batched_tokens + s * sequences + c * context_tokens`` seconds, where ``a`` is the
+  fixed cost (reading the weights, launches), ``b`` the cost per token in the batch (GEMMs),
+  ``s`` the cost per sequence (its logits row and sampling) and ``c`` the cost per token of KV
+  that attention reads (all running requests' context). An executor that runs each step at a
+  captured shape (``padded``: this project's eager and graph executors, one CUDA graph per
+  power-of-two shape) pays for the padded tokens and sequences: 9 sequences cost what 16 do.
 * **transfer time** — KV blocks moved in one batched copy per direction per step (DuplexKV). The
   bandwidth of a copy depends on its size (small copies are launch-bound): a piecewise-linear
   curve in log(size) through measured points. When both directions move at once each gets at most
@@ -22,6 +25,8 @@ import math
 from dataclasses import dataclass
 
 import numpy as np
+
+from ..engine.step import padded_step_shape
 
 KiB, MiB, GB = 1024, 1024 ** 2, 1e9
 
@@ -75,28 +80,32 @@ class CostModel:
     # that finished, note the blocks written, issue the eager copy-out of those that filled),
     # also on the critical path (fitted likewise)
     per_mirror_step_s: float = 0.0
-    # host time per step per request the engine holds (running, waiting or rotated out): the
-    # books that grow with the queue (fitted likewise)
-    per_live_request_s: float = 0.0
+    # per sequence in the batch (fitted by bench.slo --real; 0 for the paper-scale presets,
+    # where a step's weights and KV reads dwarf a row of logits)
+    per_seq_s: float = 0.0
+    # steps run at a captured shape: tokens and sequences rounded up (``padded_step_shape``)
+    padded: bool = False
 
-    def compute_s(self, batched_tokens: int, context_tokens: int) -> float:
+    def compute_s(self, batched_tokens: int, context_tokens: int, seqs: int = 0) -> float:
         if batched_tokens <= 0:
             return 0.0
-        return self.fixed_s + self.per_token_s * batched_tokens + self.per_context_token_s * context_tokens
+        if self.padded:
+            seqs, batched_tokens = padded_step_shape(seqs, batched_tokens)
+        return (self.fixed_s + self.per_token_s * batched_tokens + self.per_seq_s * seqs
+                + self.per_context_token_s * context_tokens)
 
     def transfer_s(self, blocks_in: int, blocks_out: int) -> float:
         return self.link.both_ways_s(blocks_in * self.block_bytes, blocks_out * self.block_bytes)
 
     def step_s(self, batched_tokens: int, context_tokens: int, blocks_in: int = 0,
                blocks_out: int = 0, moves: int = 0, decided: bool = False,
-               mirrored: bool = False, live: int = 0) -> float:
-        """One iteration: compute and transfers overlap (cross-iteration pipeline); the host's
-        bookkeeping of ``moves`` requests changing state, of a policy's decision (``decided``),
-        of the host mirror (``mirrored``) and of the ``live`` requests it holds comes on top."""
-        return (max(self.compute_s(batched_tokens, context_tokens),
+               mirrored: bool = False, seqs: int = 0) -> float:
+        """One iteration of ``seqs`` sequences: compute and transfers overlap (cross-iteration
+        pipeline); the host's bookkeeping of ``moves`` requests changing state, of a policy's
+        decision (``decided``) and of the host mirror (``mirrored``) comes on top."""
+        return (max(self.compute_s(batched_tokens, context_tokens, seqs),
                     self.transfer_s(blocks_in, blocks_out)) + self.per_move_s * moves
-                + self.per_decision_s * decided + self.per_mirror_step_s * mirrored
-                + self.per_live_request_s * live)
+                + self.per_decision_s * decided + self.per_mirror_step_s * mirrored)
 
 
 def kv_block_bytes(num_layers: int, num_kv_heads: int, head_dim: int, block_size: int,

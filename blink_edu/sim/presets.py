@@ -113,7 +113,7 @@ class Preset:
                 "step_per_context_token_s": c.per_context_token_s,
                 "step_per_move_s": c.per_move_s, "step_per_decision_s": c.per_decision_s,
                 "step_per_mirror_step_s": c.per_mirror_step_s,
-                "step_per_live_request_s": c.per_live_request_s,
+                "step_per_seq_s": c.per_seq_s, "step_padded": c.padded,
                 "link_sizes_bytes": list(c.link.sizes_bytes), "link_gbps": list(c.link.gbps),
                 "link_duplex_total_gbps": c.link.duplex_total_gbps,
                 "lengths": self.lengths.__dict__, "rates": list(self.rates),

@@ -139,7 +139,6 @@ class Simulator:
             if not (self.running or self.waiting or self.rotary):
                 now = reqs[next_arrival].spec.arrival_time  # idle: jump to the next arrival
                 continue
-            live = len(self.running) + len(self.waiting) + len(self.rotary)
             blocks_in, blocks_out, moves, decided = self._decide_and_apply(now, trace,
                                                                           len(step_times))
             batch = self._form_batch()
@@ -152,7 +151,7 @@ class Simulator:
             tokens = sum(n for _, n in batch)
             context = sum(r.num_computed + n for r, n in batch)
             dt = self.preset.cost.step_s(tokens, context, blocks_in, blocks_out, moves, decided,
-                                         mirrored=self.eager_copy_out, live=live)
+                                         mirrored=self.eager_copy_out, seqs=len(batch))
             step_starts.append(now)
             step_times.append(dt)
             free_log.append(self.free)

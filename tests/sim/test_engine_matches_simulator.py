@@ -11,7 +11,8 @@ import types
 import numpy as np
 import pytest
 
-from blink_edu.bench.slo_real import LENGTHS, MeasuredRequest, record_tokens, requests_moved, score
+from blink_edu.bench.slo_real import (LENGTHS, PREDICTED, MeasuredRequest, record_tokens,
+                                      requests_moved, score)
 from blink_edu.config import EngineConfig, ModelConfig, SamplingParams
 from blink_edu.engine import llm_engine, scheduler, sequence
 from blink_edu.engine.llm_engine import LLMEngine, StepOutput
@@ -28,9 +29,9 @@ MICRO = dict(model_type="llama", vocab_size=120, hidden_size=32, intermediate_si
              num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1,
              max_position_embeddings=LENGTHS.max_model_len, bos_token_id=1, eos_token_id=2)
 # about the bundled model on the H200 as bench.slo --real fits it (bench/results/slo.json)
-COST = CostModel(fixed_s=0.5e-3, per_token_s=8e-6, per_context_token_s=0.9e-6,
+COST = CostModel(fixed_s=0.4e-3, per_token_s=5e-6, per_context_token_s=0.15e-6,
                  block_bytes=128 * 1024, link=PCIE_H200, per_move_s=100e-6,
-                 per_decision_s=50e-6, per_mirror_step_s=40e-6, per_live_request_s=2e-6)
+                 per_decision_s=50e-6, per_mirror_step_s=40e-6, per_seq_s=100e-6, padded=True)
 PRESET = Preset(name="engine-vs-sim", description="", cost=COST, num_gpu_blocks=96,
                 max_num_seqs=16, max_num_batched_tokens=256, transfer_budget_blocks=16,
                 lengths=LENGTHS, rates=(), num_requests=200)
@@ -50,7 +51,8 @@ class ModelFreeExecutor:
         self.last = (0, 0)
 
     def step(self, batch):
-        self.last = (batch.num_tokens, int((batch.positions[batch.logit_rows] + 1).sum()))
+        self.last = (batch.num_tokens, int((batch.positions[batch.logit_rows] + 1).sum()),
+                     batch.num_seqs)
         return np.zeros(batch.num_seqs, np.int32)
 
 
@@ -83,13 +85,13 @@ def serve_in_virtual_time(weights, policy: str, workload, monkeypatch) -> list[M
             clock[0] = pending[0].arrival_time
             continue
         moved = requests_moved(sched)
-        live = len(sched.running) + len(sched.waiting) + len(sched.rotated)
         batch, scheduled = sched.schedule()
         assert batch is not None, "nothing ran: the NumPy pool's copies land at once"
         executor.step(batch)
-        clock[0] += COST.step_s(*executor.last, moves=requests_moved(sched) - moved,
+        tokens, context, seqs = executor.last
+        clock[0] += COST.step_s(tokens, context, moves=requests_moved(sched) - moved,
                                 decided=sched.last_decision is not None, mirrored=rotary,
-                                live=live)
+                                seqs=seqs)
         produced = sched.postprocess(scheduled, np.zeros(len(scheduled), np.int32), clock[0])
         record_tokens(measured, [StepOutput(s.request_id, 0, s.is_finished, s.finish_reason)
                                  for s in produced], clock[0])
@@ -112,6 +114,7 @@ def test_the_engine_in_virtual_time_meets_the_simulators_prediction(policy, monk
     for key in ("ttft_attainment_pct", "tbt_attainment_pct"):
         assert engine[key] == pytest.approx(sim[key], abs=10), key
     # (at the knee two schedules that differ by one early choice drift apart: a run of 200
-    # requests keeps that drift to about 10%)
-    for key in ("median_ttft_ms", "median_tpot_ms"):
+    # requests keeps that drift to about 10%, in the mean; a median on the steep middle of
+    # waiting-first's TPOTs moves by a third, which is why bench.slo compares means)
+    for key in PREDICTED:
         assert engine[key] == pytest.approx(sim[key], rel=0.2), key
