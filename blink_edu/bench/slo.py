@@ -163,8 +163,9 @@ def parse_args(argv=None) -> argparse.Namespace:
                     help="--real: the engine's KV pool (16-token blocks)")
     ap.add_argument("--max-num-seqs", type=positive_int, default=16,
                     help="--real: the engine's batch limit (sequences per step)")
-    ap.add_argument("--calibration-requests", type=positive_int, default=24,
-                    help="--real: requests in each calibration burst")
+    ap.add_argument("--calibration-requests", type=positive_int, default=None,
+                    help="--real: requests in the calibration burst (default: 3.5x what the "
+                         "KV pool holds at once, at least 24)")
     ap.add_argument("--transfer-budget", type=parse_budget, default=None,
                     help="--real: RotaSched's B_xfer in blocks per iteration, or 'auto': the "
                          "simulator, calibrated on this machine, picks it with the rates")
@@ -185,7 +186,7 @@ def parse_args(argv=None) -> argparse.Namespace:
                  "paper)")
     if args.real:
         from ..engine.llm_engine import default_executor
-        from .slo_real import blocks_for_longest_request
+        from .slo_real import blocks_for_longest_request, calibration_burst_size
 
         if args.kv_blocks < blocks_for_longest_request():
             ap.error(f"--kv-blocks {args.kv_blocks}: the workload's longest request needs "
@@ -195,6 +196,8 @@ def parse_args(argv=None) -> argparse.Namespace:
         args.rates = args.rates or [12.0, 24.0]
         args.policies = args.policies or ["fcfs", "lvf"]
         args.num_requests = args.num_requests or 40
+        args.calibration_requests = (args.calibration_requests
+                                     or calibration_burst_size(args.kv_blocks, args.max_num_seqs))
         args.transfer_budget = args.transfer_budget or "auto"
         args.decision_interval = args.decision_interval or "auto"
     return args

@@ -472,12 +472,25 @@ def predict(job: tuple) -> dict:
             "fcfs_ttft_pct": got["fcfs"]["ttft_attainment_pct"]}
 
 
+def resident_requests(num_gpu_blocks: int, max_num_seqs: int) -> float:
+    """Requests of mean length a KV pool of ``num_gpu_blocks`` holds at once (at most
+    ``max_num_seqs``)."""
+    blocks_each = -(-(LENGTHS.input_mean + LENGTHS.output_mean) // 16)
+    return min(max_num_seqs, num_gpu_blocks / blocks_each)
+
+
 def sustained_rate(num_gpu_blocks: int, max_num_seqs: int, step_s: float) -> float:
     """Requests/s a KV pool of ``num_gpu_blocks`` sustains, roughly: as many requests of mean
-    length as it holds (at most ``max_num_seqs``), each done in mean-output-length steps."""
-    blocks_each = -(-(LENGTHS.input_mean + LENGTHS.output_mean) // 16)
-    resident = min(max_num_seqs, num_gpu_blocks / blocks_each)
-    return resident / (LENGTHS.output_mean * step_s)
+    length as it holds, each done in mean-output-length steps."""
+    return resident_requests(num_gpu_blocks, max_num_seqs) / (LENGTHS.output_mean * step_s)
+
+
+def calibration_burst_size(num_gpu_blocks: int, max_num_seqs: int) -> int:
+    """Requests in the calibration burst (``--calibration-requests``' default): 3.5x what the
+    pool holds at once, at least 24, so that the pool stays full and the burst's median
+    iteration -- the step the SLOs are multiples of -- is a loaded one, as SuperInfer's 100 ms
+    TBT SLO is 5x its step under load."""
+    return max(24, math.ceil(3.5 * resident_requests(num_gpu_blocks, max_num_seqs)))
 
 
 def choose_plan(preset: Preset, config: RotaSchedConfig, args,
@@ -492,7 +505,7 @@ def choose_plan(preset: Preset, config: RotaSchedConfig, args,
     simulator's prediction where it matters. Returns (config, rates, every prediction, whether
     any prediction met the target)."""
     capacity = sustained_rate(preset.num_gpu_blocks, preset.max_num_seqs, step_s)
-    grid = ([round(capacity * f, 1) for f in np.geomspace(0.5, 2.0, 24)]  # the window is narrow
+    grid = ([round(capacity * f, 1) for f in np.geomspace(0.5, 3.0, 28)]  # the window is narrow
             if args.rates == "auto" else list(args.rates))
     budgets = (budget_candidates(args) if args.transfer_budget == "auto"
                else [config.transfer_budget_blocks])
