@@ -21,8 +21,8 @@ from blink_edu.model.weights import load_weights
 
 p = argparse.ArgumentParser()
 p.add_argument("--executor", default="graph")
-p.add_argument("--kv-blocks", type=int, default=96)
-p.add_argument("--max-num-seqs", type=int, default=16)
+p.add_argument("--kv-blocks", type=int, default=384)
+p.add_argument("--max-num-seqs", type=int, default=64)
 p.add_argument("--calibration-requests", type=int, default=None)
 p.add_argument("--num-requests", type=int, default=200)
 p.add_argument("--transfer-budget", type=int, default=16)

@@ -34,6 +34,12 @@ COLUMNS = ["rate", "policy", "ttft_attainment_pct", "tbt_attainment_pct", "p99_t
            "p99_tbt_ms", "median_tpot_ms", "preemptions", "finished", "completed"]
 
 
+def is_real_key(key: str) -> bool:
+    """Whether ``slo.json``'s summary ``key`` belongs to the real-engine part (``--real``
+    writes them all anew; ``--sim`` keeps them)."""
+    return key.startswith(("real_", "sim_vs_real")) or key == "iteration_model_error"
+
+
 def run_real(args) -> dict:
     from .slo_real import run_real_experiment
 
@@ -43,7 +49,8 @@ def run_real(args) -> dict:
     previous = json.loads(path.read_text()) if path.exists() else {}
     config = {**previous.get("config", {}), "real": cfg}
     merged_raw = {**previous.get("raw", {}), "real": raw}
-    merged_summary = {**previous.get("summary", {}), **summary}
+    kept = {k: v for k, v in previous.get("summary", {}).items() if not is_real_key(k)}
+    merged_summary = {**kept, **summary}
     path = write_results("slo", config, merged_raw, merged_summary, out_dir=out_dir)
     print(f"sim_vs_real_error (largest relative error of mean TTFT / TPOT): "
           f"{summary['sim_vs_real_error']:.1%}; wrote {path}")
@@ -86,13 +93,7 @@ def run_sim(args) -> dict:
     previous = out_dir / "slo.json"
     if previous.exists():  # keep a real-engine part measured earlier (--real)
         old = json.loads(previous.read_text())
-        for key in ("sim_vs_real_error", "sim_vs_real_median_error",
-                    "sim_vs_real_attainment_error_pts", "iteration_model_error",
-                    "real_rate",
-                    "real_lvf_minus_fcfs_ttft_attainment_pts",
-                    "real_lvf_minus_fcfs_tbt_attainment_pts"):
-            if key in old.get("summary", {}):
-                summary[key] = old["summary"][key]
+        summary.update({k: v for k, v in old.get("summary", {}).items() if is_real_key(k)})
     out_dir.mkdir(parents=True, exist_ok=True)
     if not args.no_plot:
         summary["plot"] = plot(results, preset.name, out_dir, config.ttft_slo_s,
@@ -159,10 +160,12 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--no-plot", action="store_true")
     ap.add_argument("--executor", default=None,
                     help="--real: reference (CPU) or graph (GPU); default: the backend's")
-    ap.add_argument("--kv-blocks", type=positive_int, default=96,
-                    help="--real: the engine's KV pool (16-token blocks)")
-    ap.add_argument("--max-num-seqs", type=positive_int, default=16,
-                    help="--real: the engine's batch limit (sequences per step)")
+    ap.add_argument("--kv-blocks", type=positive_int, default=384,
+                    help="--real: the engine's KV pool (16-token blocks; 384 hold ~27 requests "
+                         "of mean length)")
+    ap.add_argument("--max-num-seqs", type=positive_int, default=64,
+                    help="--real: the engine's batch limit (sequences per step; above what "
+                         "the pool holds, so that memory, not this limit, is what presses)")
     ap.add_argument("--calibration-requests", type=positive_int, default=None,
                     help="--real: requests in the calibration burst (default: 3.5x what the "
                          "KV pool holds at once, at least 24)")

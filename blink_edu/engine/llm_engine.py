@@ -150,9 +150,11 @@ class LLMEngine:
                                     eager=eager, delay=delay, transport=self.config.kv_transport)
 
     def add_request(self, prompt_token_ids, params: SamplingParams | None = None,
-                    request_id=None):
+                    request_id=None, arrival_time: float | None = None):
         """Queue a request; returns its id (``request_id``, or a fresh integer). ValueError for a
-        request that is malformed or could never fit."""
+        request that is malformed or could never fit. ``arrival_time``: when it arrived, in
+        ``time.monotonic`` seconds (default: now), if it waited before reaching the engine --
+        a RotaSched policy's VLT counts a waiting request's lag from it."""
         params = params or SamplingParams()
         seq_id = next(self._next_seq_id)
         request_id = seq_id if request_id is None else request_id
@@ -166,7 +168,7 @@ class LLMEngine:
                              f"vocabulary [0, {vocab})")
         if request_id in self.requests:
             raise ValueError(f"request id {request_id!r} is already in use")
-        seq = Sequence(seq_id, prompt, params, request_id)
+        seq = Sequence(seq_id, prompt, params, request_id, arrival_time)
         self.scheduler.add(seq)
         self.requests[seq.request_id] = seq
         return seq.request_id

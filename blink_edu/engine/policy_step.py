@@ -43,27 +43,27 @@ def describe(scheduler, now: float) -> tuple[StepView, dict[int, Sequence]]:
         for seq in seqs:
             sid = seq.seq_id
             num_prompt, num_output = len(seq.prompt_token_ids), len(seq.output_token_ids)
+            held, on_host = 0, 0
             if state == RUNNING:
                 held = len(bm.tables[sid])
                 to_run = bm.blocks_to_grow(sid, num_prompt + num_output)
-            elif state == WAITING:
-                held, to_run = 0, blocks_needed(num_prompt + num_output, bm.block_size)
-            else:
-                held, to_run = 0, scheduler.blocks_to_rotate_in(seq)
+            else:  # admitted, it needs blocks for every token, its next one's K/V included
+                to_run = blocks_needed(num_prompt + num_output, bm.block_size)
+                if state == ROTARY:
+                    on_host = scheduler.blocks_to_rotate_in(seq)
             run_start = seq.run_start_time
             views.append(RequestView(
                 sid, state, seq.arrival_time, math.nan if run_start is None else run_start,
                 seq.token_times[-1] if seq.token_times else math.nan,  # last_token_time
-                held, to_run, to_run if state == ROTARY else 0,  # blocks held, to run, on host
-                num_prompt, num_output))
+                held, to_run, on_host, num_prompt, num_output))
             by_id[sid] = seq
     view = StepView(now=now, free_blocks=bm.num_free, requests=views,
                     max_num_seqs=scheduler.max_num_seqs)
     return view, by_id
 
 
-def apply(scheduler, decision: Decision, by_id: dict[int, Sequence]) -> set[int]:
-    """Carry the decision out; returns the ids of the waiting sequences it admitted.
+def apply(scheduler, decision: Decision, by_id: dict[int, Sequence], now: float) -> set[int]:
+    """Carry the decision out at ``now``; returns the ids of the waiting sequences it admitted.
 
     All the step's rotate-outs share one copy-out, all its rotate-ins one copy-in (DuplexKV's
     batched copies, ``Scheduler.batched_copies``). Two batches, not one: the first ends -- its
@@ -80,7 +80,7 @@ def apply(scheduler, decision: Decision, by_id: dict[int, Sequence]) -> set[int]
         # requests.
         scheduler.reclaim_draining_blocks()
     with scheduler.batched_copies():
-        admitted_waiting = admit(scheduler, decision, by_id)
+        admitted_waiting = admit(scheduler, decision, by_id, now)
     admitted_ids = {s.seq_id for s in admitted_waiting}
     rest = [s for s in scheduler.waiting if s.seq_id not in admitted_ids]
     scheduler.waiting = deque(admitted_waiting + rest)
@@ -104,8 +104,11 @@ def preempt(scheduler, decision: Decision, by_id: dict[int, Sequence]) -> None:
         scheduler.preempt_by_recompute(seq)
 
 
-def admit(scheduler, decision: Decision, by_id: dict[int, Sequence]) -> list[Sequence]:
-    """Rotate the admitted rotary sequences back in; returns the admitted waiting ones, in order."""
+def admit(scheduler, decision: Decision, by_id: dict[int, Sequence],
+          now: float) -> list[Sequence]:
+    """Rotate the admitted rotary sequences back in; returns the admitted waiting ones, in order.
+    Each admitted one runs from ``now`` on (t_run, which its VLT counts from), even if the token
+    budget leaves its prompt out of this step's batch."""
     admitted_waiting = []
     for sid in decision.admit:
         seq = by_id[sid]
@@ -115,6 +118,7 @@ def admit(scheduler, decision: Decision, by_id: dict[int, Sequence]) -> list[Seq
             except (OutOfBlocks, ValueError):
                 break  # the GPU is full after all: the rest waits for the next step
         else:
+            seq.run_start_time = now
             admitted_waiting.append(seq)
     return admitted_waiting
 
@@ -124,4 +128,4 @@ def run_policy(scheduler, policy: Policy, now: float) -> set[int]:
     view, by_id = describe(scheduler, now)
     decision = policy.decide(view)
     scheduler.last_decision = decision
-    return apply(scheduler, decision, by_id)
+    return apply(scheduler, decision, by_id, now)

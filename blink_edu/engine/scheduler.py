@@ -287,10 +287,11 @@ class Scheduler:
             if chunk == 0:
                 return
             self.waiting.popleft()
-            if self._admissible is not None:
+            if self._admissible is not None:  # the policy admitted it (and set its t_run)
                 self._admissible.discard(seq.seq_id)  # admitted once: in, not admissible again
+            else:
+                seq.run_start_time = time.monotonic()
             seq.status = SequenceStatus.RUNNING
-            seq.run_start_time = time.monotonic()
             self.running.append(seq)
             self._schedule_chunk(seq, chunk, scheduled)
             budget -= chunk

@@ -209,8 +209,12 @@ class Simulator:
             r.num_preemptions += 1
             r.move(ROTARY, now)
             self.rotary.append(r)
-        for rid in decision.admit:
-            r = by_id[rid]
+        # Rotary requests join the running ones first, then waiting ones, as in the engine: a
+        # rotate-in enters when the decision is applied, a prompt when the batch is formed
+        # (the order matters: passive preemption evicts the most recently admitted).
+        admitted = [by_id[rid] for rid in decision.admit]
+        for r in sorted(admitted, key=lambda r: r.state != ROTARY):  # stable: in order
+
             if r.state == ROTARY:
                 self.rotary.remove(r)
                 blocks_in += blocks_needed(r.num_computed, self.bs)

@@ -39,12 +39,17 @@ def test_tiny_sim_sweep_writes_results(tmp_path, capsys):
 def test_tiny_real_run_is_added_beside_the_sweep(tmp_path, capsys):
     assert slo.main(["--sim", "--rates", "1", "--num-requests", "8", "--out", str(tmp_path),
                      "--no-progress", "--no-plot"]) == 0
+    path = tmp_path / "slo.json"
+    stale = json.loads(path.read_text())
+    stale["summary"]["sim_vs_real_gone"] = 1.0  # a real-part key an older --real wrote
+    path.write_text(json.dumps(stale))
     # --kv-blocks 32: a request of the longest (512 tokens) needs 32 blocks of 16
     assert slo.main(["--real", "--rates", "30", "--num-requests", "5", "--kv-blocks", "32",
                      "--calibration-requests", "4",
                      "--out", str(tmp_path)]) == 0
     data = json.loads((tmp_path / "slo.json").read_text())
     assert set(data["raw"]) == {"sim", "real"}  # the sweep is kept
+    assert "headline_rate" in data["summary"] and "sim_vs_real_gone" not in data["summary"]
     for policy in ("fcfs", "lvf"):
         run = data["raw"]["real"][policy]["30.0"]
         for side in ("real", "sim"):
@@ -68,6 +73,11 @@ def test_tiny_real_run_is_added_beside_the_sweep(tmp_path, capsys):
     assert "decision_interval" in real["preset"]["sources"]
     assert real["preset"]["transfer_budget_blocks"] == real["rotasched"]["transfer_budget_blocks"]
     assert "sim_vs_real_error" in capsys.readouterr().out
+    # a sweep run afterwards keeps the real-engine part
+    assert slo.main(["--sim", "--rates", "1", "--num-requests", "8", "--out", str(tmp_path),
+                     "--no-progress", "--no-plot"]) == 0
+    again = json.loads((tmp_path / "slo.json").read_text())["summary"]
+    assert again["sim_vs_real_error"] == error and "real_rate" in again
 
 
 def test_unknown_policy_is_refused(capsys):
