@@ -29,7 +29,7 @@ p.add_argument("--transfer-budget", type=int, default=16)
 p.add_argument("--decision-interval", type=int, default=4)
 p.add_argument("--dump", default=None, help="write every iteration of every run here (JSON)")
 args = p.parse_args()
-args.seed, args.rates = 0, "auto"
+args.seed, args.rates, args.policies = 0, "auto", ["fcfs", "lvf"]
 args.calibration_requests = (args.calibration_requests
                              or S.calibration_burst_size(args.kv_blocks, args.max_num_seqs))
 weights = load_weights(resolve_model_dir())

@@ -277,17 +277,19 @@ def warm_up(weights, args, executor, rng) -> None:
 @dataclass(frozen=True)
 class Calibration:
     """``iteration = a + b * batched tokens + s * sequences + c * context tokens
-    + d * requests moved + e * decided + f * mirrored`` (1 when a RotaSched policy decided; 1
-    when DuplexKV kept a host mirror), fitted on this machine, with tokens and sequences padded
-    to the executor's captured shape when ``padded``; ``step_s`` the median FCFS iteration of
-    the burst that moved nobody."""
+    + d * requests moved + e[policy] * decided + f * mirrored`` (1 when a RotaSched policy
+    decided; 1 when DuplexKV kept a host mirror), fitted on this machine, with tokens and
+    sequences padded to the executor's captured shape when ``padded``; ``step_s`` the median
+    FCFS iteration of the burst that moved nobody. A decision's cost depends on the policy:
+    LVF computes every request's VLT and sorts them, Waiting-First and Swapped-First only walk
+    two queues."""
 
     a: float
     b: float
     s: float
     c: float
     d: float
-    e: float
+    e: dict  # policy name -> seconds per decision (the RotaSched policies calibrated)
     f: float
     step_s: float
     padded: bool
@@ -296,8 +298,14 @@ class Calibration:
         shape = " (padded to the captured shape)" if self.padded else ""
         return (f"iteration = {self.a * 1e3:.3f} ms + {self.b * 1e6:.2f} us/token + "
                 f"{self.s * 1e6:.1f} us/sequence{shape} + {self.c * 1e9:.0f} ns/context token + "
-                f"{self.d * 1e6:.0f} us per request moved + {self.e * 1e6:.0f} us per decision "
-                f"+ {self.f * 1e6:.0f} us per step of a rotating policy's host mirror")
+                f"{self.d * 1e6:.0f} us per request moved + per decision "
+                f"({', '.join(f'{p} {t * 1e6:.0f} us' for p, t in self.e.items())}) + "
+                f"{self.f * 1e6:.0f} us per step of a rotating policy's host mirror")
+
+    def cost_for(self, preset: Preset, policy: str) -> Preset:
+        """``preset`` with ``policy``'s decision cost (LVF's for a policy not calibrated)."""
+        per_decision = self.e.get(policy, self.e["lvf"])
+        return replace(preset, cost=replace(preset.cost, per_decision_s=per_decision))
 
 
 def pads_steps(executor: str) -> bool:
@@ -329,7 +337,9 @@ def calibrate(weights, args, executor, rng) -> tuple[Calibration, RotaSchedConfi
     lets the step's terms soak up the rotation's costs: the iterations that rotate are exactly
     the LVF ones.) LVF runs twice: with the scaled transfer budget, deciding every iteration,
     and with a small one, deciding every fourth, so that moves, decisions and steps vary
-    apart; it decides with the experiment's RotaSched parameters."""
+    apart; it decides with the experiment's RotaSched parameters. Every other RotaSched policy
+    of ``args.policies`` then replays the stream once: what its deciding iterations took beyond
+    the rest of the model is its own cost per decision."""
     requests = burst(args.calibration_requests, args.seed + 1)
     plain = [i for i in replay(weights, args, executor, "fcfs", None, requests, rng).iterations
              if i.moved == 0]
@@ -349,7 +359,15 @@ def calibrate(weights, args, executor, rng) -> tuple[Calibration, RotaSchedConfi
     r = columns([i for i in fcfs if i.moved] + lvf)  # (R,) each
     left_over = r.seconds - step_columns(r, padded) @ step  # (R,) beyond the step
     d, e, f = nonnegative_lstsq(np.stack([r.moved, r.decided, r.mirrored], axis=1), left_over)
-    return Calibration(*step, d, e, f, step_s, padded), rotasched
+    costs = {"lvf": e}
+    for policy in args.policies:  # the other RotaSched policies: their decisions, on the stream
+        if policy in costs or not make_policy(policy).described:
+            continue
+        o = columns(replay(weights, args, executor, policy, rotasched, stream, rng).iterations)
+        beyond = (o.seconds - step_columns(o, padded) @ step - d * o.moved
+                  - f * o.mirrored)  # (O,) left for the decisions
+        costs[policy] = max(0.0, float(beyond[o.decided == 1].mean()))
+    return Calibration(*step, d, costs, f, step_s, padded), rotasched
 
 
 def columns(iterations: list[Iteration]) -> Iteration:
@@ -388,7 +406,7 @@ def preset_for(weights, args, cal: Calibration, rotasched: RotaSchedConfig,
         description="the bundled model on this machine, step time fitted just now",
         cost=CostModel(fixed_s=cal.a, per_token_s=cal.b, per_context_token_s=cal.c,
                        block_bytes=block_bytes, link=link_for(args.executor), per_move_s=cal.d,
-                       per_decision_s=cal.e, per_mirror_step_s=cal.f, per_seq_s=cal.s,
+                       per_decision_s=cal.e["lvf"], per_mirror_step_s=cal.f, per_seq_s=cal.s,
                        padded=cal.padded),
         num_gpu_blocks=args.kv_blocks, max_num_seqs=args.max_num_seqs, max_num_batched_tokens=256,
         transfer_budget_blocks=rotasched.transfer_budget_blocks, lengths=LENGTHS,
@@ -586,9 +604,10 @@ def run_real_experiment(args) -> tuple[dict, dict, dict]:
         workload = poisson_workload(args.num_requests, rate, LENGTHS, args.seed)
         for policy in args.policies:
             run = replay(weights, args, executor, policy, config, workload, rng)
+            priced = cal.cost_for(preset, policy)
             real = {**score(run.requests, config.ttft_slo_s, config.tbt_slo_s), **run.counts,
-                    **iteration_fit(run.iterations, preset.cost)}
-            sim_result = simulate(preset, make_policy(policy, config), workload)
+                    **iteration_fit(run.iterations, priced.cost)}
+            sim_result = simulate(priced, make_policy(policy, config), workload)
             sim = {**score(sim_result.requests, config.ttft_slo_s, config.tbt_slo_s),
                    "preemptions": sum(r.num_preemptions for r in sim_result.requests),
                    "steps": sim_result.steps}

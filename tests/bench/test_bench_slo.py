@@ -45,7 +45,7 @@ def test_tiny_real_run_is_added_beside_the_sweep(tmp_path, capsys):
     path.write_text(json.dumps(stale))
     # --kv-blocks 32: a request of the longest (512 tokens) needs 32 blocks of 16
     assert slo.main(["--real", "--rates", "30", "--num-requests", "5", "--kv-blocks", "32",
-                     "--calibration-requests", "4",
+                     "--calibration-requests", "4", "--policies", "fcfs,lvf,waiting-first",
                      "--out", str(tmp_path)]) == 0
     data = json.loads((tmp_path / "slo.json").read_text())
     assert set(data["raw"]) == {"sim", "real"}  # the sweep is kept
@@ -71,6 +71,9 @@ def test_tiny_real_run_is_added_beside_the_sweep(tmp_path, capsys):
     assert len(real["plan_predictions"]) == 4 * 5
     assert real["rotasched"]["decision_interval"] in {1, 2, 4, 8, 16}
     assert "decision_interval" in real["preset"]["sources"]
+    # each RotaSched policy's decisions are priced apart
+    assert "lvf " in real["preset"]["sources"]["step_time"]
+    assert "waiting-first " in real["preset"]["sources"]["step_time"]
     assert real["preset"]["transfer_budget_blocks"] == real["rotasched"]["transfer_budget_blocks"]
     assert "sim_vs_real_error" in capsys.readouterr().out
     # a sweep run afterwards keeps the real-engine part
