@@ -59,6 +59,9 @@ def test_tiny_real_run_is_added_beside_the_sweep(tmp_path, capsys):
     error = data["summary"]["sim_vs_real_error"]
     assert isinstance(error, float) and error >= 0
     assert data["summary"]["iteration_model_error"] >= 0
+    gaps = data["summary"]["real_lvf_minus_fcfs_by_rate"]["30.0"]
+    assert gaps["ttft_attainment_pts"] == data["summary"]["real_lvf_minus_fcfs_ttft_attainment_pts"]
+    assert isinstance(data["summary"]["real_rates_meeting_target"], list)
     real = data["config"]["real"]
     assert real["preset"]["ttft_slo_s"] > 0
     # --transfer-budget auto: the simulator tried every candidate B_xfer at the given rate and
