@@ -4,6 +4,7 @@ request rate for every scheduling policy (SuperInfer §5, Figures of attainment 
     python -m blink_edu.bench.slo --sim                                  # paper scale, simulated
     python -m blink_edu.bench.slo --sim --preset qwen2.5-32b-h200-pcie --rates 4,6,8
     python -m blink_edu.bench.slo --real                  # the engine here, beside the simulator
+    python -m blink_edu.bench.slo --real --kv-blocks 96 --max-num-seqs 16   # minutes on a CPU
 
 ``--sim`` runs ``blink_edu.sim`` (the same policy objects as the engine, against a cost model)
 for every policy over the preset's rates, one seeded workload per rate replayed for every policy
