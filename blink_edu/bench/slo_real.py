@@ -6,11 +6,12 @@ preemption: by default 384 blocks of 16 tokens, about 27 requests of mean length
 64 in a batch, so that memory, not the batch limit, is what presses. (A pool of 96 blocks and
 16 sequences holds ~7 requests: every rotation is a seventh of the batch, and a batch of young
 requests pays the step's per-sequence cost; there LVF gave up TBT wherever it gained TTFT, on
-the H200 and in the simulator alike -- chapter 06 shows both regimes.) On this machine it runs the NumPy reference executor on the CPU; on a GPU the graph
-executor (``--executor``). Each policy runs as the simulator runs it: FCFS preempts by recompute
-(vLLM v1, SuperInfer's baseline), the RotaSched policies rotate through DuplexKV
-(``preemption="rotate"``, with a host arena that never refuses a rotation, as the simulator's
-host never does), and they get the same SLOs and transfer budget as the simulator's copy.
+the H200 and in the simulator alike -- chapter 06 shows both regimes.) On this machine it runs
+the NumPy reference executor on the CPU; on a GPU the graph executor (``--executor``). Each
+policy runs as the simulator runs it: FCFS preempts by recompute (vLLM v1, SuperInfer's
+baseline), the RotaSched policies rotate through DuplexKV (``preemption="rotate"``, with a host
+arena that never refuses a rotation, as the simulator's host never does), and they get the same
+SLOs and transfer budget as the simulator's copy.
 The experiment:
 
 1. **calibrate** the simulator's step-time model on this machine and executor: replay a burst
@@ -20,9 +21,9 @@ The experiment:
    the captured shape the kernel executors run, ``step.padded_step_shape``; decided: the engine
    described its requests to a RotaSched policy and it decided; mirrored: a rotating policy's
    DuplexKV kept its host mirror): a, b, s, c on the FCFS iterations that moved nobody, d, e and
-   f on what every other iteration took beyond that (``calibrate``). An iteration is everything the loop does from one
-   model step to the next (arrivals, scheduling, policy, rotations, the model, handing tokens
-   out), which is what the simulator charges for a step;
+   f on what every other iteration took beyond that (``calibrate``). An iteration is everything
+   the loop does from one model step to the next (arrivals, scheduling, policy, rotations, the
+   model, handing tokens out), which is what the simulator charges for a step;
 2. build a preset from it (the same KV pool, block size, batch limits; SLOs scaled to the step as
    the paper's are: S_B = 5 x the median iteration, S_F = 50 S_B);
    ``--transfer-budget auto`` (the default) lets the simulator pick B_xfer, the blocks RotaSched
@@ -304,16 +305,10 @@ class Calibration:
                 f"({', '.join(f'{p} {t * 1e6:.0f} us' for p, t in self.e.items())}) + "
                 f"{self.f * 1e6:.0f} us per step of a rotating policy's host mirror")
 
-    def cost_for(self, preset: Preset, policy: str) -> Preset:
+    def priced(self, preset: Preset, policy: str) -> Preset:
         """``preset`` with ``policy``'s decision cost (LVF's for a policy not calibrated)."""
         per_decision = self.e.get(policy, self.e["lvf"])
         return replace(preset, cost=replace(preset.cost, per_decision_s=per_decision))
-
-
-def pads_steps(executor: str) -> bool:
-    """Whether ``executor`` runs each step at a captured power-of-two shape (``BucketTable``):
-    the kernel executors do, the NumPy reference runs the batch as it is."""
-    return executor in ("eager", "graph")
 
 
 def step_columns(its: Iteration, padded: bool) -> np.ndarray:
@@ -348,14 +343,17 @@ def calibrate(weights, args, executor, rng) -> tuple[Calibration, RotaSchedConfi
     step_s = statistics.median(i.seconds for i in plain)
     rotasched = rotasched_config(args, step_s)
     stream = poisson_workload(4 * args.calibration_requests,
-                              sustained_rate(args.kv_blocks, args.max_num_seqs, step_s), LENGTHS, args.seed + 3)
+                              sustained_rate(args.kv_blocks, args.max_num_seqs, step_s),
+                              LENGTHS, args.seed + 3)
     fcfs = replay(weights, args, executor, "fcfs", None, stream, rng).iterations
     plain += [i for i in fcfs if i.moved == 0]
     lvf = [i for budget, interval in ((rotasched.transfer_budget_blocks, 1),
                                       (min(budget_candidates(args)), 4))
            for i in replay(weights, args, executor, "lvf", rotasched.replace(
                transfer_budget_blocks=budget, decision_interval=interval), stream, rng).iterations]
-    padded = pads_steps(args.executor)
+    # the kernel executors run each step at a captured power-of-two shape (their BucketTable);
+    # the NumPy reference runs the batch as it is
+    padded = hasattr(executor, "buckets")
     p = columns(plain)  # (P,) each
     step = nonnegative_lstsq(step_columns(p, padded), p.seconds)  # [a, b, s, c]
     r = columns([i for i in fcfs if i.moved] + lvf)  # (R,) each
@@ -410,7 +408,8 @@ def preset_for(weights, args, cal: Calibration, rotasched: RotaSchedConfig,
                        block_bytes=block_bytes, link=link_for(args.executor), per_move_s=cal.d,
                        per_decision_s=cal.e["lvf"], per_mirror_step_s=cal.f, per_seq_s=cal.s,
                        padded=cal.padded),
-        num_gpu_blocks=args.kv_blocks, max_num_seqs=args.max_num_seqs, max_num_batched_tokens=256,
+        num_gpu_blocks=args.kv_blocks, max_num_seqs=args.max_num_seqs,
+        max_num_batched_tokens=256,
         transfer_budget_blocks=rotasched.transfer_budget_blocks, lengths=LENGTHS,
         rates=() if args.rates == "auto" else tuple(args.rates),
         num_requests=args.num_requests, ttft_slo_s=rotasched.ttft_slo_s,
@@ -613,7 +612,7 @@ def run_real_experiment(args) -> tuple[dict, dict, dict]:
         workload = poisson_workload(args.num_requests, rate, LENGTHS, args.seed)
         for policy in args.policies:
             run = replay(weights, args, executor, policy, config, workload, rng)
-            priced = cal.cost_for(preset, policy)
+            priced = cal.priced(preset, policy)
             real = {**score(run.requests, config.ttft_slo_s, config.tbt_slo_s), **run.counts,
                     **iteration_fit(run.iterations, priced.cost)}
             sim_result = simulate(priced, make_policy(policy, config), workload)
