@@ -18,6 +18,7 @@ only in the ``StepBatch`` (``step.py``), so executors are interchangeable.
 from __future__ import annotations
 
 import itertools
+import math
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -168,6 +169,9 @@ class LLMEngine:
                              f"vocabulary [0, {vocab})")
         if request_id in self.requests:
             raise ValueError(f"request id {request_id!r} is already in use")
+        if arrival_time is not None and not math.isfinite(arrival_time):
+            raise ValueError(f"request {request_id!r}: arrival_time must be a finite "
+                             f"time.monotonic() reading, not {arrival_time!r}")
         seq = Sequence(seq_id, prompt, params, request_id, arrival_time)
         self.scheduler.add(seq)
         self.requests[seq.request_id] = seq

@@ -169,6 +169,9 @@ def test_bad_requests_raise_clear_errors(weights):
     engine.add_request([1, 2], GREEDY, request_id="a")
     with pytest.raises(ValueError, match="already in use"):
         engine.add_request([1, 2], GREEDY, request_id="a")
+    with pytest.raises(ValueError, match="arrival_time must be a finite"):
+        engine.add_request([1, 2], GREEDY, request_id="b", arrival_time=float("nan"))
+    assert set(engine.requests) == {"a"}  # the refused ones left nothing behind
     with pytest.raises(ValueError, match="max_position_embeddings"):
         LLMEngine(weights, EngineConfig(max_model_len=weights.config.max_position_embeddings + 1))
     with pytest.raises(ValueError, match="serves a ring"):
