@@ -23,10 +23,10 @@ between two ops there must be a barrier for the whole grid:
 from __future__ import annotations
 
 from ..kernels.attention import paged_attention
-from ..kernels.elementwise import embed_tokens, swiglu
+from ..kernels.elementwise import elementwise_items, embed_tokens, swiglu
 from ..kernels.linear import GEMV_MAX_ROWS, linear, linear_work_items
 from ..kernels.reduce import cuda, grid_for
-from ..kernels.rope import rope_and_write_kv
+from ..kernels.rope import rope_and_write_kv, rope_work_items
 from ..kernels.sampling import sample_rows
 
 EMBED, QKV, ROPE_KV, ATTENTION, O_PROJ, GATE_UP, SWIGLU, DOWN, LM_HEAD, SAMPLE = range(10)
@@ -123,16 +123,30 @@ def forward_op_kernel(op, i, sizes, embed, attn_norm, w_qkv, b_qkv, w_o, b_o, ml
                cuda.gridDim.x)
 
 
-def op_grid(op: int, max_tokens: int, max_rows: int, num_heads: int, out_features: int) -> int:
-    """Blocks for ``op`` in a graph captured for steps of up to ``max_tokens`` tokens and
-    ``max_rows`` sampled rows (the eager executor's sizing; ``out_features`` for linear ops).
-    A linear op may take its GEMV path (T <= GEMV_MAX_ROWS) at run time: enough blocks for both."""
+def linear_shape(op: int, config) -> tuple[int, int]:
+    """(out_features O, in_features I) of a linear op's weight matrix (the fused layouts)."""
+    H, K, E = config.num_heads, config.num_kv_heads, config.head_dim
+    D, F = config.hidden_size, config.intermediate_size
+    return {QKV: ((H + 2 * K) * E, D), O_PROJ: (D, H * E), GATE_UP: (2 * F, D), DOWN: (D, F),
+            LM_HEAD: (config.vocab_size, D)}[op]
+
+
+def op_grid(op: int, max_tokens: int, max_rows: int, config) -> int:
+    """Blocks for ``op`` in a step of up to ``max_tokens`` tokens and ``max_rows`` sampled rows of
+    the model ``config`` (a ``ModelConfig``): what every executor launches. A linear op may take
+    its GEMV path (T <= GEMV_MAX_ROWS) at run time in a captured graph: enough blocks for both."""
     if op in (QKV, O_PROJ, GATE_UP, DOWN, LM_HEAD):
+        O, I = linear_shape(op, config)
         rows = max_rows if op == LM_HEAD else max_tokens
-        return grid_for(max(linear_work_items(rows, out_features),
-                            linear_work_items(min(rows, GEMV_MAX_ROWS), out_features)))
+        return grid_for(max(linear_work_items(rows, O, I),
+                            linear_work_items(min(rows, GEMV_MAX_ROWS), O, I)))
     if op == ATTENTION:
-        return grid_for(max_tokens * num_heads)
+        return grid_for(max_tokens * config.num_heads)
+    if op == ROPE_KV:
+        return grid_for(rope_work_items(max_tokens, config.num_heads, config.num_kv_heads,
+                                        config.head_dim))
+    if op == SWIGLU:
+        return grid_for(elementwise_items(max_tokens * config.intermediate_size))
     if op == SAMPLE:
         return grid_for(max_rows)
-    return grid_for(max_tokens)  # EMBED, ROPE_KV, SWIGLU
+    return grid_for(elementwise_items(max_tokens * config.hidden_size))  # EMBED

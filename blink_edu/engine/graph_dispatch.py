@@ -34,8 +34,7 @@ from ..backend import get_backend
 from ..kernels.reduce import THREADS, cuda
 from ..kernels.sync import globaltimer_ns, load_acquire, store_release
 from . import persistent_kernel as pk
-from .forward_ops import (DOWN, GATE_UP, LM_HEAD, O_PROJ, QKV, forward_op_kernel, num_ops, op_grid,
-                          op_of)
+from .forward_ops import forward_op_kernel, num_ops, op_grid, op_of
 
 MAX_LAUNCHES = 100  # per execution of the scheduler graph (CUDA allows 120 fire-and-forget)
 
@@ -245,12 +244,9 @@ class ForwardGraphs:
     def record_step(self, max_tokens: int, max_rows: int) -> None:
         """Launch one step's kernels on the stream, grids sized for ``max_tokens`` tokens."""
         cfg, stream = self.config, cuda.external_stream(self.stream_ptr)
-        out_features = {QKV: self.args[2].shape[1], O_PROJ: self.args[4].shape[1],
-                        GATE_UP: self.args[7].shape[1], DOWN: self.args[9].shape[1],
-                        LM_HEAD: self.args[12].shape[0]}
         for k in range(num_ops(cfg.num_layers)):
             op, layer = op_of(k, cfg.num_layers)
-            grid = op_grid(op, max_tokens, max_rows, cfg.num_heads, out_features.get(op, 0))
+            grid = op_grid(op, max_tokens, max_rows, cfg)
             forward_op_kernel[grid, THREADS, stream](op, layer, self.sizes, *self.args)
         signal_step_done[1, 1, stream](self.sizes, self.done)
 

@@ -39,6 +39,7 @@ from ..kv.block_manager import blocks_needed
 from ..kv.pool import allocate_kv_pool
 from ..model.reference import rope_tables
 from ..model.weights import ModelWeights
+from .forward_ops import ATTENTION, EMBED, ROPE_KV, SAMPLE, SWIGLU, op_grid
 from .step import StepBatch, padded_step_shape
 
 
@@ -235,12 +236,15 @@ class EagerExecutor:
             probe(op)
             self.launch_linear(x, rows, norm, w, b, out, accumulate)
 
+        def grid(op):
+            return op_grid(op, t_b, s_b, cfg)
+
         probe("embed")
-        embed_tokens_kernel[grid_for(t_b), THREADS, st](self.embed, v["token_ids"], v["x"])
+        embed_tokens_kernel[grid(EMBED), THREADS, st](self.embed, v["token_ids"], v["x"])
         for i, lw in enumerate(self.layers):
             linear("norm+qkv", v["x"], v["rows"], lw.attn_norm, lw.w_qkv, lw.b_qkv, v["qkv"], 0)
             probe("rope+kv_write")
-            rope_and_write_kv_kernel[grid_for(t_b), THREADS, st](
+            rope_and_write_kv_kernel[grid(ROPE_KV), THREADS, st](
                 v["qkv"], v["positions"], v["seq_rows"], v["block_tables"], self.cos, self.sin,
                 self.kv_pool, i, H, K)
             probe("attention")
@@ -250,12 +254,12 @@ class EagerExecutor:
             linear("norm+gate_up", v["x"], v["rows"], lw.mlp_norm, lw.w_gate_up, lw.b_gate_up,
                    v["gate_up"], 0)
             probe("swiglu")
-            swiglu_kernel[grid_for(t_b), THREADS, st](v["gate_up"], v["act"])
+            swiglu_kernel[grid(SWIGLU), THREADS, st](v["gate_up"], v["act"])
             linear("down+residual", v["act"], v["rows"], empty, lw.w_down, lw.b_down, v["x"], 1)
         linear("norm+lm_head", v["x"], v["logit_rows"], self.final_norm, self.lm_head, empty,
                v["logits"], 0)
         probe("sample")
-        sample_rows_kernel[grid_for(s_b), THREADS, st](
+        sample_rows_kernel[grid(SAMPLE), THREADS, st](
             v["logits"], v["temperature"], v["top_p"], v["top_k"], v["seeds"], v["counters"],
             v["tokens"])
         probe(None)
@@ -263,7 +267,7 @@ class EagerExecutor:
     def launch_linear(self, x, rows, norm, w, b, out, accumulate) -> None:
         """out (+)= rms_norm?(x[rows]) @ w.T + b (``kernels/linear.py``). A subclass may launch
         another kernel here: the course labs plug a student's GEMV in this way."""
-        grid = grid_for(linear_work_items(rows.shape[0], w.shape[0]))
+        grid = grid_for(linear_work_items(rows.shape[0], w.shape[0], w.shape[1]))
         linear_kernel[grid, THREADS, self.stream](x, rows, norm, np.float32(self.config.rms_norm_eps),
                                                   w, b, out, accumulate)
 
@@ -271,7 +275,7 @@ class EagerExecutor:
         """Paged attention of layer ``layer`` (``kernels/attention.py``); a subclass may launch
         another kernel here (the course labs)."""
         H, K = self.config.num_heads, self.config.num_kv_heads
-        paged_attention_kernel[grid_for(qkv.shape[0] * H), THREADS, self.stream](
+        paged_attention_kernel[op_grid(ATTENTION, qkv.shape[0], 0, self.config), THREADS, self.stream](
             qkv, positions, seq_rows, block_tables, self.kv_pool, layer, H, K, out)
 
     def run_bucket(self, s_b: int, t_b: int) -> None:

@@ -3,7 +3,8 @@
 A work item is one (token, query head). The block walks the token's context — positions
 ``0..p`` of its sequence, found through the block table — in chunks of ``THREADS`` positions:
 
-1. each thread scores one position: ``s = q . k / sqrt(E)`` (the key read from its paged slot);
+1. each thread scores one position: ``s = q . k / sqrt(E)`` (the key read from its paged slot,
+   eight dimensions a load — ``loads.py`` — all issued before the first is used);
 2. an *online softmax* (Milakov & Gimelshein; FlashAttention) keeps a running max ``m`` and
    running sum ``l``: a new chunk with a larger max rescales what was accumulated by
    ``exp(m_old - m_new)``, so the scores never need to be stored beyond one chunk;
@@ -23,15 +24,24 @@ import math
 
 from numba import float32
 
+from .loads import VEC, load8_at
 from .reduce import NEG_INF, THREADS, block_max, block_sum, cuda
 
 UNROLL = 8  # loads each thread has in flight in the inner loops
+MAX_HEAD_DIM = 256  # the wide path's unrolled key loop covers head dims up to this
 
 
 @cuda.jit(device=True, inline=True)
 def score_of(q, kv_pool, blk, layer, slot, kvh, E):
     """q . k for the key in ``kv_pool[blk, layer, 0, slot, kvh, :]`` (q in shared memory)."""
     score = float32(0)
+    if E % VEC == 0:  # wide loads, 8 dims each, all of them in flight at once
+        for e0 in range(0, MAX_HEAD_DIM, VEC):  # constant trip count: fully unrolled
+            if e0 < E:
+                k8 = load8_at(kv_pool, (blk, layer, 0, slot, kvh, e0))
+                for u in range(VEC):
+                    score += q[e0 + u] * k8[u]
+        return score
     for e0 in range(0, E, UNROLL):
         for u in range(UNROLL):  # a constant trip count: unrolled, its loads issued together
             e = e0 + u

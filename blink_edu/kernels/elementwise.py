@@ -1,7 +1,9 @@
 """Row-wise and element-wise ops: the embedding gather and SwiGLU.
 
 Both are pure memory movement: no reduction, one thread per element, consecutive threads on
-consecutive addresses. A work item is one token's row.
+consecutive addresses. The elements of the whole batch are spread over every thread of the grid
+(thread ``g`` of ``n_blocks * THREADS`` takes elements ``g, g + n_blocks * THREADS, ...``), so
+one decode token's row is spread over many blocks instead of queueing on one.
 """
 
 from __future__ import annotations
@@ -16,20 +18,25 @@ from .reduce import THREADS, cuda
 @cuda.jit(device=True)
 def embed_tokens(embed, token_ids, x, block, n_blocks):
     """x[t, :] = embed[token_ids[t], :]. embed (V, D) f32/f16; token_ids (T,); x (T, D) f32."""
-    for t in range(block, token_ids.shape[0], n_blocks):
-        row = token_ids[t]
-        for d in range(cuda.threadIdx.x, x.shape[1], THREADS):
-            x[t, d] = float32(embed[row, d])
+    D = x.shape[1]
+    for e in range(block * THREADS + cuda.threadIdx.x, token_ids.shape[0] * D, n_blocks * THREADS):
+        t, d = e // D, e % D
+        x[t, d] = float32(embed[token_ids[t], d])
 
 
 @cuda.jit(device=True)
 def swiglu(gate_up, act, block, n_blocks):
     """act[t, f] = silu(gate[t, f]) * up[t, f], with gate_up (T, 2F) = [gate | up], act (T, F)."""
     F = act.shape[1]
-    for t in range(block, act.shape[0], n_blocks):
-        for f in range(cuda.threadIdx.x, F, THREADS):
-            g = gate_up[t, f]
-            act[t, f] = g / (float32(1) + math.exp(-g)) * gate_up[t, F + f]
+    for e in range(block * THREADS + cuda.threadIdx.x, act.shape[0] * F, n_blocks * THREADS):
+        t, f = e // F, e % F
+        g = gate_up[t, f]
+        act[t, f] = g / (float32(1) + math.exp(-g)) * gate_up[t, F + f]
+
+
+def elementwise_items(num_elements: int) -> int:
+    """Blocks that give every element of an element-wise op its own thread."""
+    return -(-num_elements // THREADS)
 
 
 @cuda.jit

@@ -2,7 +2,8 @@
 
 Fused on purpose: right after the q/k/v projection, each token's key must be rotated *and then*
 stored in its paged slot, so one kernel does both (and rotates the queries in place for the
-attention kernel that follows). Llama's "rotate half" convention pairs element ``i`` with
+attention kernel that follows). Every rotation pair and every value of the batch gets its own
+thread of the grid, so even a single decode token is spread over several blocks. Llama's "rotate half" convention pairs element ``i`` with
 ``i + E/2``; ``cos``/``sin`` come from a table precomputed on the host, indexed by position.
 
 The paged slot of a token at position ``p`` of the sequence in block-table row ``s``:
@@ -24,12 +25,16 @@ def rope_and_write_kv(qkv, positions, seq_rows, block_tables, cos, sin, kv_pool,
     E = kv_pool.shape[5]
     half = E // 2
     H, K = num_heads, num_kv_heads
-    for t in range(block, qkv.shape[0], n_blocks):
+    pairs = (H + K) * half  # per token: this many rotation pairs, then K * E values to copy
+    per_token = pairs + K * E
+    for e in range(block * THREADS + cuda.threadIdx.x, qkv.shape[0] * per_token,
+                   n_blocks * THREADS):
+        t, j = e // per_token, e % per_token
         p = positions[t]
         blk = block_tables[seq_rows[t], p // B]
         slot = p % B
-        for e in range(cuda.threadIdx.x, (H + K) * half, THREADS):  # one rotation pair each
-            head, i = e // half, e % half
+        if j < pairs:  # one rotation pair
+            head, i = j // half, j % half
             base = head * E  # q heads first, then k heads: the same offsets as in qkv
             x1, x2 = qkv[t, base + i], qkv[t, base + i + half]
             c, s = cos[p, i], sin[p, i]
@@ -40,8 +45,15 @@ def rope_and_write_kv(qkv, positions, seq_rows, block_tables, cos, sin, kv_pool,
             else:
                 kv_pool[blk, layer, 0, slot, head - H, i] = r1
                 kv_pool[blk, layer, 0, slot, head - H, i + half] = r2
-        for e in range(cuda.threadIdx.x, K * E, THREADS):  # values: a plain copy
-            kv_pool[blk, layer, 1, slot, e // E, e % E] = qkv[t, (H + K) * E + e]
+        else:  # a value: a plain copy
+            v = j - pairs
+            kv_pool[blk, layer, 1, slot, v // E, v % E] = qkv[t, (H + K) * E + v]
+
+
+def rope_work_items(num_tokens: int, num_heads: int, num_kv_heads: int, head_dim: int) -> int:
+    """Blocks that give every rotation pair and every value copy of the batch its own thread."""
+    per_token = (num_heads + num_kv_heads) * (head_dim // 2) + num_kv_heads * head_dim
+    return -(-num_tokens * per_token // THREADS)
 
 
 @cuda.jit

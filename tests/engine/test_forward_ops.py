@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import pytest
 
+from blink_edu.config import ModelConfig
 from blink_edu.engine import forward_ops as fo
 from blink_edu.engine.graph_dispatch import token_buckets
 from blink_edu.kernels.linear import linear_work_items
@@ -24,9 +25,14 @@ def test_op_list_is_embed_then_seven_per_layer_then_head_and_sample(num_layers):
 def test_a_graph_has_blocks_for_the_largest_step_of_its_bucket_on_either_linear_path():
     # 64 tokens take the tiled path, a 1-token decode the GEMV path: a graph captured for 64
     # tokens serves both, so it must have enough blocks for whichever needs more
-    grid = fo.op_grid(fo.QKV, max_tokens=64, max_rows=16, num_heads=8, out_features=512)
-    assert grid >= min(1024, max(linear_work_items(64, 512), linear_work_items(1, 512))) or grid == 1
-    assert fo.op_grid(fo.SAMPLE, 64, 16, 8, 0) >= 1
+    cfg = ModelConfig.from_dict(dict(model_type="llama", vocab_size=300, hidden_size=64,
+                                     intermediate_size=96, num_hidden_layers=1,
+                                     num_attention_heads=8, num_key_value_heads=4))
+    O, I = fo.linear_shape(fo.QKV, cfg)
+    assert (O, I) == ((8 + 2 * 4) * 8, 64)
+    grid = fo.op_grid(fo.QKV, max_tokens=64, max_rows=16, config=cfg)
+    assert grid >= min(1024, max(linear_work_items(64, O, I), linear_work_items(1, O, I))) or grid == 1
+    assert fo.op_grid(fo.SAMPLE, 64, 16, cfg) >= 1
 
 
 @pytest.mark.parametrize("budget, expected", [(1, [1]), (8, [1, 2, 4, 8]), (48, [1, 2, 4, 8, 16, 32, 48]),

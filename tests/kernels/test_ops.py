@@ -49,8 +49,10 @@ def ragged_batch(rng, n_seqs, block_size, num_blocks, max_len):
 @pytest.mark.parametrize("rows", [1, 3, GEMV_MAX_ROWS + 5])  # GEMV and tiled paths
 @pytest.mark.parametrize("wdtype,tol", [(np.float32, 1e-4), (np.float16, 1e-2)])
 @pytest.mark.parametrize("fused", ["plain", "norm+bias+residual"])
-def test_linear_matches_reference(rng, rows, wdtype, tol, fused):
-    T, I, O = rows + 2, int(rng.integers(20, 70)), int(rng.integers(10, 50))
+@pytest.mark.parametrize("width", ["any", "wide"])  # wide: I % 8 == 0, the 16-byte-load path
+def test_linear_matches_reference(rng, rows, wdtype, tol, fused, width):
+    I = 8 * int(rng.integers(3, 9)) if width == "wide" else int(rng.integers(20, 70))
+    T, O = rows + 2, int(rng.integers(10, 50))
     x = rng.standard_normal((T, I)).astype(np.float32)
     x_rows = rng.choice(T, rows, replace=False).astype(np.int32)
     w = rng.standard_normal((O, I)).astype(wdtype)
@@ -61,7 +63,7 @@ def test_linear_matches_reference(rng, rows, wdtype, tol, fused):
     h = ref.rms_norm(x[x_rows], g, 1e-5) if fuse else x[x_rows]
     expected = ref.linear(h, w.astype(np.float32), b if fuse else None) + (residual if fuse else 0)
     out = dev(residual)
-    linear_kernel[grid_for(linear_work_items(rows, O)), THREADS](
+    linear_kernel[grid_for(linear_work_items(rows, O, I)), THREADS](
         dev(x), dev(x_rows), dev(g), np.float32(1e-5), dev(w), dev(b), out, int(fuse))
     assert rel_err(out.copy_to_host(), expected) < (1e-4 if wdtype == np.float32 else tol)
 
@@ -113,9 +115,11 @@ def test_rope_and_kv_write_match_reference(rng):
     np.testing.assert_allclose(pool_d.copy_to_host(), pool_ref, rtol=1e-5, atol=1e-6)
 
 
-@pytest.mark.parametrize("kv_heads", [1, 2, 4])
-def test_paged_attention_over_a_ragged_batch(rng, kv_heads):
-    cfg = tiny_config(rng, heads=4, kv_heads=kv_heads)
+# 4, 2, 1 and 3 query heads per KV head; head dims a multiple of 8 (wide loads) and not
+@pytest.mark.parametrize("heads,kv_heads,head_dim", [(4, 1, 16), (4, 2, 16), (4, 4, 16),
+                                                      (6, 2, 16), (6, 2, 12)])
+def test_paged_attention_over_a_ragged_batch(rng, heads, kv_heads, head_dim):
+    cfg = tiny_config(rng, heads=heads, kv_heads=kv_heads, head_dim=head_dim)
     H, K, E, B, N = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, 4, 40
     max_len = 3 * THREADS // 2 + 5  # contexts longer than one chunk of THREADS positions
     positions, seq_rows, tables = ragged_batch(rng, 3, B, N, max_len)
