@@ -136,10 +136,10 @@ def op_grid(op: int, max_tokens: int, max_rows: int, config) -> int:
     the model ``config`` (a ``ModelConfig``): what every executor launches. A linear op may take
     its GEMV path (T <= GEMV_MAX_ROWS) at run time in a captured graph: enough blocks for both."""
     if op in (QKV, O_PROJ, GATE_UP, DOWN, LM_HEAD):
-        O, I = linear_shape(op, config)
+        O, _ = linear_shape(op, config)
         rows = max_rows if op == LM_HEAD else max_tokens
-        return grid_for(max(linear_work_items(rows, O, I),
-                            linear_work_items(min(rows, GEMV_MAX_ROWS), O, I)))
+        return grid_for(max(linear_work_items(rows, O),
+                            linear_work_items(min(rows, GEMV_MAX_ROWS), O)))
     if op == ATTENTION:
         return grid_for(max_tokens * config.num_heads)
     if op == ROPE_KV:

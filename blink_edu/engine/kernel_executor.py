@@ -267,7 +267,7 @@ class EagerExecutor:
     def launch_linear(self, x, rows, norm, w, b, out, accumulate) -> None:
         """out (+)= rms_norm?(x[rows]) @ w.T + b (``kernels/linear.py``). A subclass may launch
         another kernel here: the course labs plug a student's GEMV in this way."""
-        grid = grid_for(linear_work_items(rows.shape[0], w.shape[0], w.shape[1]))
+        grid = grid_for(linear_work_items(rows.shape[0], w.shape[0]))
         linear_kernel[grid, THREADS, self.stream](x, rows, norm, np.float32(self.config.rms_norm_eps),
                                                   w, b, out, accumulate)
 

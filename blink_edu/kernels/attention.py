@@ -8,9 +8,11 @@ A work item is one (token, query head). The block walks the token's context — 
 2. an *online softmax* (Milakov & Gimelshein; FlashAttention) keeps a running max ``m`` and
    running sum ``l``: a new chunk with a larger max rescales what was accumulated by
    ``exp(m_old - m_new)``, so the scores never need to be stored beyond one chunk;
-3. the threads split into ``THREADS // E`` groups of ``E``; thread ``e`` of group ``g``
-   accumulates output dimension ``e`` over the chunk's positions ``g, g + groups, ...``:
-   ``acc_e += exp(s_j - m) * v_j[e]`` (consecutive threads read consecutive addresses of ``v_j``).
+3. the threads split into groups that each accumulate ``acc += exp(s_j - m) * v_j`` over a share
+   of the chunk's positions. With ``E % 8 == 0`` a group is ``E / 8`` threads, each owning 8
+   dimensions read with one wide load (16 position groups at E = 64, so a 48-token context
+   costs each thread three loads, all in flight at once); otherwise a group is ``E`` threads,
+   thread ``e`` owning dimension ``e`` (consecutive threads on consecutive addresses).
 
 At the end the groups' partial sums are added and ``out = acc / l``. Both inner loops issue
 ``UNROLL`` loads before using any (see ``linear.py``: decode is latency-bound). Grouped-query attention: query head ``h`` reads kv head
@@ -29,6 +31,7 @@ from .reduce import NEG_INF, THREADS, block_max, block_sum, cuda
 
 UNROLL = 8  # loads each thread has in flight in the inner loops
 MAX_HEAD_DIM = 256  # the wide path's unrolled key loop covers head dims up to this
+PARTS = THREADS * VEC  # wide path: (THREADS / (E / 8)) position groups x E partial sums
 
 
 @cuda.jit(device=True, inline=True)
@@ -50,6 +53,24 @@ def score_of(q, kv_pool, blk, layer, slot, kvh, E):
     return score
 
 
+@cuda.jit(device=True, inline=True)
+def add_values_wide(acc8, weights, n, start, kv_pool, block_tables, row, layer, kvh, pg, pgroups,
+                    sl):
+    """acc8 (8,) += sum over this thread's positions j of weights[j] * v_j[8 sl : 8 sl + 8]:
+    position group ``pg`` of ``pgroups`` takes chunk positions pg, pg + pgroups, ...; each of
+    its E / 8 threads owns 8 dimensions, read with one wide load a position."""
+    B = kv_pool.shape[3]
+    for j0 in range(pg, n, pgroups * UNROLL):
+        for u in range(UNROLL):
+            j = j0 + u * pgroups
+            if j < n:
+                c = start + j
+                v8 = load8_at(kv_pool, (block_tables[row, c // B], layer, 1, c % B, kvh, sl * VEC))
+                wj = weights[j]
+                for d in range(VEC):
+                    acc8[d] += wj * v8[d]
+
+
 @cuda.jit(device=True)
 def paged_attention(qkv, positions, seq_rows, block_tables, kv_pool, layer, num_heads,
                     num_kv_heads, out, block, n_blocks):
@@ -60,11 +81,17 @@ def paged_attention(qkv, positions, seq_rows, block_tables, kv_pool, layer, num_
     E = kv_pool.shape[5]
     group = num_heads // num_kv_heads
     scale = float32(1) / math.sqrt(float32(E))
-    n_groups = THREADS // E  # thread groups sharing the V accumulation
+    wide = E % VEC == 0  # values in wide loads: a thread owns 8 dims of a position
+    n_groups = THREADS // E  # narrow: thread groups sharing the V accumulation, E threads each
     g, e_own = tid // E, tid % E  # this thread's group and output dimension
+    slices = E // VEC  # wide: threads a position, 8 dims each
+    pgroups = THREADS // max(slices, 1)  # wide: position groups
+    pg, sl = tid // max(slices, 1), tid % max(slices, 1)
     q = cuda.shared.array(THREADS, float32)  # this item's query vector (E <= THREADS)
     weights = cuda.shared.array(THREADS, float32)  # exp(score - m) of the current chunk
     scratch = cuda.shared.array(THREADS, float32)
+    parts = cuda.shared.array(PARTS, float32)  # wide: each position group's (E,) partial sums
+    acc8 = cuda.local.array(VEC, float32)
     for item in range(block, qkv.shape[0] * num_heads, n_blocks):
         t, h = item // num_heads, item % num_heads
         kvh = h // group
@@ -76,6 +103,8 @@ def paged_attention(qkv, positions, seq_rows, block_tables, kv_pool, layer, num_
         m = NEG_INF
         total = float32(0)
         acc = float32(0)
+        for d in range(VEC):
+            acc8[d] = 0
         for start in range(0, context, THREADS):
             c = start + tid
             score = NEG_INF
@@ -88,7 +117,13 @@ def paged_attention(qkv, positions, seq_rows, block_tables, kv_pool, layer, num_
             total = total * rescale + block_sum(w, scratch)  # (its barrier publishes weights)
             acc *= rescale
             n = min(THREADS, context - start)
-            if g < n_groups:
+            if wide:
+                for d in range(VEC):
+                    acc8[d] *= rescale
+                if pg < pgroups:
+                    add_values_wide(acc8, weights, n, start, kv_pool, block_tables, row, layer,
+                                    kvh, pg, pgroups, sl)
+            elif g < n_groups:
                 for j0 in range(g, n, n_groups * UNROLL):
                     for u in range(UNROLL):
                         j = j0 + u * n_groups
@@ -98,13 +133,24 @@ def paged_attention(qkv, positions, seq_rows, block_tables, kv_pool, layer, num_
                                                         c2 % B, kvh, e_own]
             m = m_new
             cuda.syncthreads()
-        scratch[tid] = acc if g < n_groups else float32(0)
-        cuda.syncthreads()
-        if tid < E:
-            value = float32(0)
-            for j in range(n_groups):
-                value += scratch[j * E + tid]
-            out[t, h * E + tid] = value / total
+        if wide:
+            if pg < pgroups:
+                for d in range(VEC):
+                    parts[pg * E + sl * VEC + d] = acc8[d]
+            cuda.syncthreads()
+            if tid < E:
+                value = float32(0)
+                for j in range(pgroups):
+                    value += parts[j * E + tid]
+                out[t, h * E + tid] = value / total
+        else:
+            scratch[tid] = acc if g < n_groups else float32(0)
+            cuda.syncthreads()
+            if tid < E:
+                value = float32(0)
+                for j in range(n_groups):
+                    value += scratch[j * E + tid]
+                out[t, h * E + tid] = value / total
         cuda.syncthreads()
 
 

@@ -34,15 +34,17 @@ from numba import float32
 
 from ..backend import get_backend
 from .loads import VEC, load8, load8_1d
-from .reduce import FULL_MASK, THREADS, block_sum, cuda
+from .reduce import THREADS, block_sum, cuda, warp_sum
 
 GEMV_MAX_ROWS = 8  # decode batches up to this many tokens take the GEMV path
-# Threads sharing one output row in the GEMV: up to a warp on a GPU, whose lanes add their partial
-# sums with shuffles. Numba's simulator has no shuffles, so there each thread owns a whole row.
+# Threads sharing one output row in the GEMV: a warp on a GPU, whose lanes add their partial sums
+# with shuffles. Numba's simulator has no shuffles, so there each thread owns a whole row.
 LANES = 1 if get_backend().is_simulator else 32
-MIN_LANES = 1 if get_backend().is_simulator else 4
-ROWS_PER_ITEM = THREADS // LANES  # output rows one block computes per GEMV work item, widest rows
-UNROLL = 8  # loads each lane has in flight at once in the GEMV's inner loop
+ROWS_PER_ITEM = THREADS // LANES  # output rows one block computes per GEMV work item
+# Wide loads each lane has in flight at once in the GEMV's inner loop: 4 x 8 weights cover a
+# 1024-wide row in one round. More would be issued for nothing on short rows and cost
+# instructions, which at one warp per scheduler is what a small GEMV spends its time on.
+UNROLL = 4
 TILE = 32  # tiled path: TILE tokens x TILE outputs per work item, TILE-wide k steps
 PER_THREAD = TILE * TILE // THREADS  # outputs each thread accumulates in the tiled path
 TY_STEP = THREADS // TILE
@@ -50,36 +52,12 @@ TY_STEP = THREADS // TILE
 TILE_SHAPE = (TILE, TILE + 1)  # one spare column per row: no shared-memory bank conflicts
 
 
-def lanes_per_row(in_features: int) -> int:
-    """Lanes sharing a GEMV row of ``in_features`` weights: the fewest (a power of two, at least
-    ``MIN_LANES``, at most ``LANES``) whose wide loads cover the row in one ``UNROLL`` round, so
-    every lane issues all its loads at once and short rows do not leave lanes idle."""
-    lanes = MIN_LANES
-    while lanes < LANES and lanes * VEC * UNROLL < in_features:
-        lanes *= 2
-    return lanes
-
-
-lanes_per_row_device = cuda.jit(device=True, inline=True)(lanes_per_row)
-
-
 @cuda.jit(device=True, inline=True)
-def _one_lane(value, lanes):
+def _one_lane(value):
     return value
 
 
-@cuda.jit(device=True, inline=True)
-def _lanes_sum(value, lanes):
-    """The sum over each aligned group of ``lanes`` lanes of a warp, in every lane of the group
-    (butterfly shuffles; every lane of the warp must call it)."""
-    offset = lanes // 2
-    while offset > 0:
-        value += cuda.shfl_xor_sync(FULL_MASK, value, offset)
-        offset //= 2
-    return value
-
-
-lanes_sum = _one_lane if LANES == 1 else _lanes_sum  # the sum over the lanes sharing a row
+lane_sum = _one_lane if LANES == 1 else warp_sum  # the sum over the lanes sharing a row
 
 
 @cuda.jit(device=True, inline=True)
@@ -105,15 +83,15 @@ def dot8_scaled(a, b, g):
 
 
 @cuda.jit(device=True, inline=True)
-def row_dot_wide(x, xr, norm_w, w, o, lane, lanes):
+def row_dot_wide(x, xr, norm_w, w, o, lane):
     """This lane's share of (x[xr] * norm_w?) . w[o], eight weights per load (``loads.py``):
-    lane l reads w[o, 8l : 8l + 8], then 8 (l + lanes) ... Needs I % 8 == 0."""
+    lane l reads w[o, 8l : 8l + 8], then 8 (l + LANES) ... Needs I % 8 == 0."""
     I = w.shape[1]
     use_norm = norm_w.shape[0] > 0
     dot = float32(0)
-    for k0 in range(lane * VEC, I, lanes * VEC * UNROLL):
+    for k0 in range(lane * VEC, I, LANES * VEC * UNROLL):
         for u in range(UNROLL):  # a constant trip count: unrolled, its loads issued together
-            k = k0 + u * lanes * VEC
+            k = k0 + u * LANES * VEC
             if k < I:
                 wk = load8(w, o, k)
                 xk = load8(x, xr, k)
@@ -125,15 +103,15 @@ def row_dot_wide(x, xr, norm_w, w, o, lane, lanes):
 
 
 @cuda.jit(device=True, inline=True)
-def row_dot(x, xr, norm_w, w, o, lane, lanes):
+def row_dot(x, xr, norm_w, w, o, lane):
     """This lane's share of (x[xr] * norm_w?) . w[o], one element at a time (any I):
-    elements lane, lane + lanes, ..."""
+    elements lane, lane + LANES, ..."""
     I = w.shape[1]
     use_norm = norm_w.shape[0] > 0
     dot = float32(0)
-    for i0 in range(lane, I, lanes * UNROLL):
+    for i0 in range(lane, I, LANES * UNROLL):
         for u in range(UNROLL):
-            i = i0 + u * lanes
+            i = i0 + u * LANES
             if i < I:
                 wi = float32(w[o, i])
                 if use_norm:
@@ -146,13 +124,12 @@ def row_dot(x, xr, norm_w, w, o, lane, lanes):
 def gemv(x, x_rows, norm_w, eps, w, bias, out, accumulate, block, n_blocks):
     """out[r, :] (+)= rms_norm?(x[x_rows[r]]) @ w.T + bias for r < R <= GEMV_MAX_ROWS.
 
-    A group of ``lanes`` threads owns one output row; a work item is the block's
-    THREADS / lanes consecutive rows."""
+    A warp (``LANES`` threads) owns one output row; a work item is the block's ROWS_PER_ITEM
+    consecutive rows."""
     tid = cuda.threadIdx.x
     R = x_rows.shape[0]
     O, I = w.shape
-    lanes = lanes_per_row_device(I)
-    lane = tid % lanes
+    lane = tid % LANES
     wide = I % VEC == 0  # every row 16-byte aligned: wide loads
     inv = cuda.shared.array(GEMV_MAX_ROWS, float32)
     scratch = cuda.shared.array(THREADS, float32)
@@ -166,19 +143,16 @@ def gemv(x, x_rows, norm_w, eps, w, bias, out, accumulate, block, n_blocks):
         if tid == 0:
             inv[r] = scale
     cuda.syncthreads()
-    rows_per_item = THREADS // lanes
-    for item in range(block, (O + rows_per_item - 1) // rows_per_item, n_blocks):
-        o = item * rows_per_item + tid // lanes  # this lane group's output row
-        for r in range(R):
-            dot = float32(0)
-            if o < O:
+    for item in range(block, (O + ROWS_PER_ITEM - 1) // ROWS_PER_ITEM, n_blocks):
+        o = item * ROWS_PER_ITEM + tid // LANES  # this warp's output row
+        if o < O:  # a whole warp agrees, so the shuffles inside see all 32 lanes
+            for r in range(R):
                 if wide:
-                    dot = row_dot_wide(x, x_rows[r], norm_w, w, o, lane, lanes)
+                    dot = lane_sum(row_dot_wide(x, x_rows[r], norm_w, w, o, lane))
                 else:
-                    dot = row_dot(x, x_rows[r], norm_w, w, o, lane, lanes)
-            dot = lanes_sum(dot, lanes)  # every lane of the warp takes part in the shuffles
-            if lane == 0 and o < O:
-                store(out, r, o, dot * inv[r], bias, accumulate)
+                    dot = lane_sum(row_dot(x, x_rows[r], norm_w, w, o, lane))
+                if lane == 0:
+                    store(out, r, o, dot * inv[r], bias, accumulate)
 
 
 @cuda.jit(device=True, inline=True)
@@ -252,10 +226,8 @@ def linear_kernel(x, x_rows, norm_w, eps, w, bias, out, accumulate):
     linear(x, x_rows, norm_w, eps, w, bias, out, accumulate, cuda.blockIdx.x, cuda.gridDim.x)
 
 
-def linear_work_items(num_rows: int, out_features: int, in_features: int | None = None) -> int:
-    """How many work items ``linear`` has (to size the grid); without ``in_features``, an upper
-    bound (the GEMV's widest lane groups)."""
+def linear_work_items(num_rows: int, out_features: int) -> int:
+    """How many work items ``linear`` has (to size the grid)."""
     if num_rows <= GEMV_MAX_ROWS:
-        lanes = LANES if in_features is None else lanes_per_row(in_features)
-        return -(-out_features // (THREADS // lanes))
+        return -(-out_features // ROWS_PER_ITEM)
     return -(-num_rows // TILE) * -(-out_features // TILE)

@@ -7,10 +7,11 @@ and at batch 1 there is too little else in flight to hide their latency. The fix
 uses is the vector load: ``ld.global.v4.u32`` moves 16 bytes — eight float16 weights — at once.
 
 Numba has no vector-typed arrays, so ``load8(a, row, col)`` is a small ``@intrinsic``: it emits
-LLVM IR that takes the address of ``a[row, col]``, reinterprets it as a pointer to an
-8-element vector (``<8 x half>`` or ``<8 x float>``), loads it with 16-byte alignment and widens
-the elements to float32. LLVM's NVPTX backend turns that into one ``ld.global.v4.u32`` (float16)
-or two ``ld.global.v4.f32`` (float32) plus eight ``cvt.f32.f16``. ``load8_1d(a, col)`` is the
+LLVM IR that takes the address of ``a[row, col]``, reinterprets it as a pointer to 16-byte
+words (``<4 x i32>``), loads one word (float16: eight numbers) or two (float32) with 16-byte
+alignment and turns each 32-bit piece into float32 — a bit cast for float32, and for a pair of
+float16 halves two ``cvt.f32.f16`` in a line of inline PTX. The NVVM compiler makes each word
+one ``ld.global.v4.u32``. ``load8_1d(a, col)`` is the
 same for a vector, ``load8_at(a, (i, j, ..., col))`` for an array of any rank (the KV pool).
 
 The contract: ``col`` is a multiple of 8 and every row of ``a`` starts 16-byte aligned — true
@@ -48,19 +49,36 @@ def _gpu_loads():
     from numba.core import cgutils, types
     from numba.core.extending import intrinsic
 
+    i32, f32 = ir.IntType(32), ir.FloatType()
+    quad = ir.VectorType(i32, 4)  # 16 bytes: the widest load a thread can issue
+    # Two float16 halves packed in a 32-bit word -> two float32 (PTX: unpack, then convert each).
+    halves_to_floats = ir.InlineAsm(
+        ir.FunctionType(ir.LiteralStructType([f32, f32]), [i32]),
+        "{ .reg .f16 lo, hi; mov.b32 {lo, hi}, $2; cvt.f32.f16 $0, lo; cvt.f32.f16 $1, hi; }",
+        "=f,=f,r")
+
     def vector_load(context, builder, aryty, ary_value, index_values, index_types):
-        """LLVM IR: the address of a[index], loaded as <8 x elt> (align 16), widened to float."""
+        """LLVM IR: the address of a[index], loaded as 16-byte <4 x i32> words (one for float16,
+        two for float32), each word turned into float32 values."""
         ary = context.make_array(aryty)(context, builder, ary_value)
         inds = [context.cast(builder, v, t, types.intp) for v, t in zip(index_values, index_types)]
         ptr = cgutils.get_item_pointer2(context, builder, data=ary.data,
                                         shape=cgutils.unpack_tuple(builder, ary.shape),
                                         strides=cgutils.unpack_tuple(builder, ary.strides),
                                         layout=aryty.layout, inds=inds)
-        elt = context.get_data_type(aryty.dtype)
-        vec = builder.load(builder.bitcast(ptr, ir.VectorType(elt, VEC).as_pointer()), align=16)
-        if aryty.dtype != types.float32:
-            vec = builder.fpext(vec, ir.VectorType(ir.FloatType(), VEC))
-        return [builder.extract_element(vec, ir.Constant(ir.IntType(32), k)) for k in range(VEC)]
+        quads = builder.bitcast(ptr, quad.as_pointer())
+        n_quads = 1 if aryty.dtype == types.float16 else 2
+        words = []
+        for q in range(n_quads):
+            loaded = builder.load(builder.gep(quads, [ir.Constant(i32, q)]), align=16)
+            words += [builder.extract_element(loaded, ir.Constant(i32, k)) for k in range(4)]
+        if n_quads == 2:  # float32: each word is one number
+            return [builder.bitcast(w, f32) for w in words]
+        values = []
+        for w in words:  # float16: each word is two numbers
+            pair = builder.call(halves_to_floats, [w])
+            values += [builder.extract_value(pair, 0), builder.extract_value(pair, 1)]
+        return values
 
     def check(a):
         if not isinstance(a, types.Array) or a.dtype not in (types.float16, types.float32):

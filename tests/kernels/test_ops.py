@@ -63,7 +63,7 @@ def test_linear_matches_reference(rng, rows, wdtype, tol, fused, width):
     h = ref.rms_norm(x[x_rows], g, 1e-5) if fuse else x[x_rows]
     expected = ref.linear(h, w.astype(np.float32), b if fuse else None) + (residual if fuse else 0)
     out = dev(residual)
-    linear_kernel[grid_for(linear_work_items(rows, O, I)), THREADS](
+    linear_kernel[grid_for(linear_work_items(rows, O)), THREADS](
         dev(x), dev(x_rows), dev(g), np.float32(1e-5), dev(w), dev(b), out, int(fuse))
     assert rel_err(out.copy_to_host(), expected) < (1e-4 if wdtype == np.float32 else tol)
 
