@@ -36,10 +36,10 @@ from __future__ import annotations
 import multiprocessing
 import os
 import statistics
+import tempfile
 import time
 import traceback
-from contextlib import nullcontext
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -409,7 +409,14 @@ def peer_rows(source: str | Path | ModelWeights, batches: list[int], settings: P
     """Every peer row for one model (a checkpoint folder, or weights): decode TPOT for each batch
     and one prefill, per kind. The plain graph runs in one child; each compiled measurement in its
     own (a compile is what may hang), and once one of those fails for lack of time the later
-    compiled ones are not attempted — their rows say so."""
+    compiled ones are not attempted — their rows say so. Without ``settings.cache_dir`` the
+    children share a temporary Inductor cache for the length of this call."""
+    unknown = [k for k in kinds if k not in PEERS]
+    if unknown:
+        raise ValueError(f"unknown peer(s) {', '.join(unknown)}; peers: {', '.join(PEERS)}")
+    if settings.cache_dir is None:
+        with tempfile.TemporaryDirectory(prefix="torch_peer_inductor_") as cache_dir:
+            return peer_rows(source, batches, replace(settings, cache_dir=cache_dir), kinds)
     rows = []
     for kind in kinds:
         items = [{"task": "decode", "executor": kind, "batch": b} for b in batches]

@@ -129,9 +129,11 @@ def test_the_decode_step_traces_as_one_graph(rng):
             assert torch.equal(traced(tokens, torch.full((2,), 5)), eager)
 
 
-def test_only_compile_modes_without_their_own_cuda_graphs_are_accepted():
-    with pytest.raises(ValueError, match="reduce-overhead"):
+def test_bad_choices_are_refused_with_the_choices():
+    with pytest.raises(ValueError, match="reduce-overhead"):  # it would capture a graph itself
         peer.compiled(lambda x: x, "reduce-overhead", math_attention=False)
+    with pytest.raises(ValueError, match="torch_eager.*peers: torch_graph, torch_compiled"):
+        peer.peer_rows("unused", [1], peer.PeerSettings(), kinds=["torch_eager"])
 
 
 # --- the child process runner: one row per measurement, always ----------------------------------
