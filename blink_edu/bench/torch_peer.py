@@ -383,7 +383,8 @@ def run_in_child(source: str | Path | ModelWeights, items: list[dict], settings:
     ctx = multiprocessing.get_context("spawn")
     receiver, sender = ctx.Pipe(duplex=False)
     source = str(source) if isinstance(source, Path) else source
-    child = ctx.Process(target=_child_main, args=(sender, source, items, settings), daemon=True)
+    # not a daemon: Inductor's compile workers are the child's own children
+    child = ctx.Process(target=_child_main, args=(sender, source, items, settings))
     began = time.monotonic()
     child.start()  # (sends the arguments: with weights rather than a folder this takes a while)
     sender.close()  # the child holds the only writing end: its exit reads as EOF here
