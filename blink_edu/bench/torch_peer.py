@@ -392,7 +392,7 @@ def run_in_child(source: str | Path | ModelWeights, items: list[dict], settings:
     try:
         for item in items:
             if stopped:
-                rows.append({**item, "error": f"not run: an earlier item in its child process {stopped}"})
+                rows.append({**item, "error": f"not run: the child stopped at an earlier item ({stopped})"})
                 continue
             row, stopped = _next_row(receiver, child, item, began + settings.timeout_s,
                                      settings.timeout_s)

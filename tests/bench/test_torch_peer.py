@@ -4,6 +4,8 @@ summary keys. The CUDA-graph and torch.compile paths run only on a GPU (marked `
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
 import pytest
 import torch
@@ -158,13 +160,27 @@ def test_a_child_that_runs_out_of_time_gives_a_row_for_every_item(tmp_path):
         (("decode", 1), ("decode", 8), ("prefill", None))]
     graph, compiled = rows[:3], rows[3:]
     assert "timed out after 0.01 s" in graph[0]["error"]
-    assert all("not run: an earlier item in its child process timed out" in r["error"] for r in graph[1:])
+    assert all("not run: the child stopped at an earlier item (timed out" in r["error"] for r in graph[1:])
     assert "timed out" in compiled[0]["error"]  # each compiled item has its own child ...
     assert all("not run: an earlier torch_compiled measurement timed out" in r["error"]
                for r in compiled[1:])  # ... but after one timeout the others are not attempted
     status = peer.peer_status(rows)
     assert status["torch_graph"].startswith("did not run: batch 1: timed out")
     assert "prefill 512: not run" in status["torch_compiled"]
+
+
+class DiesOnArrival:
+    """Unpickled in the child (as the weights), it ends the child at once with exit code 3."""
+
+    def __reduce__(self):
+        return os._exit, (3,)
+
+
+def test_a_child_that_dies_gives_a_row_for_every_item():
+    rows = peer.run_in_child(DiesOnArrival(), ITEMS, peer.PeerSettings(timeout_s=120))
+    assert rows[0]["error"] == "the child process ended (exit code 3) without a result"
+    assert rows[1]["error"].startswith("not run: the child stopped at an earlier item (the child")
+    assert [{k: r[k] for k in item} for item, r in zip(ITEMS, rows)] == ITEMS
 
 
 # --- the summary keys --------------------------------------------------------------------------
