@@ -9,7 +9,9 @@ with its sampled tokens back on the host). TPOT is the median step time; through
 The roofline: a batch-1 decode step must read every weight once, so it cannot beat
 ``weight bytes / HBM bandwidth`` (bandwidth measured here with a large device-to-device copy).
 The eager executor's host launch time is measured too (issuing one step's launches, no sync),
-which is the chapter's "where does the time go" figure.
+which is the chapter's "where does the time go" figure. Beside them, on the same weights and
+batches, the PyTorch peer (``torch_peer``: a minimal Llama in a CUDA graph, plain and compiled),
+whose rows give the summary's ``ours_over_torch_*`` ratios; ``peers`` says which of it ran.
 """
 
 from __future__ import annotations
@@ -308,6 +310,12 @@ def bench_model(label: str, weights: ModelWeights, hf_folder: Path | None, args,
             rows.append({"executor": "graph", "graphs_captured": len(executor.graphs),
                          "capture_seconds": executor.capture_seconds})
         del executor
+    if args.peers:
+        from .torch_peer import PeerSettings, peer_rows
+
+        settings = PeerSettings(args.prompt_len, args.steps, args.prefill_tokens,
+                                args.peer_compile_mode, args.peer_timeout)
+        rows += peer_rows(hf_folder or weights, batches, settings, kinds=args.peers.split(","))
     if hf_folder is not None and not args.skip_hf:
         rows += time_hf(hf_folder, batches, args.prompt_len, args.steps, cfg.vocab_size, rng,
                         compile_batches=[1], compile_timeout_s=args.hf_compile_timeout)
@@ -328,13 +336,21 @@ def ratio(a, b):
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--batches", default="1,8,32,128")
+    parser.add_argument("--batches", default="1,8,64")
     parser.add_argument("--prompt-len", type=int, default=16)
     parser.add_argument("--steps", type=int, default=32)
     parser.add_argument("--models", default="bundled,135m")
     parser.add_argument("--skip-hf", action="store_true")
     parser.add_argument("--hf-compile-timeout", type=float, default=240,
                         help="seconds for the static-cache + torch.compile child process")
+    parser.add_argument("--peers", default="torch_graph,torch_compiled",
+                        help="PyTorch peers to run beside our executors ('' for none)")
+    parser.add_argument("--peer-timeout", type=float, default=240,
+                        help="seconds for each peer measurement's child process (compiles included)")
+    parser.add_argument("--peer-compile-mode", default="default",
+                        help="torch.compile mode of the compiled peer (one without its own CUDA graphs)")
+    parser.add_argument("--prefill-tokens", type=int, default=512,
+                        help="prompt length of the peer's prefill timing (batch 1)")
     parser.add_argument("--out", default=None, help="results folder (default bench/results)")
     args = parser.parse_args(argv)
     rng = np.random.default_rng(0)
@@ -373,9 +389,17 @@ def main(argv=None) -> int:
         "graph_over_hf_eager_b1_135m": ratio(tpot_of(big, "hf_eager", 1), tpot_of(big, "graph", 1)) if big else None,
         "graph_over_hf_best_b1": ratio(best_hf(small), tpot_of(small, "graph", 1)),
         "graph_over_hf_best_b1_135m": ratio(best_hf(big), tpot_of(big, "graph", 1)) if big else None,
-        "roofline_fraction_135m_b1": ratio(big["roofline_us"], tpot_of(big, "graph", 1)) if big else None,
         "small_model": small["label"], "hbm_copy_tb_per_s": bandwidth / 1e12,
     }
+    from .torch_peer import comparison, peer_status
+
+    batches = [int(b) for b in args.batches.split(",")]
+    for key, r in results.items():
+        summary.update(comparison(key, r["rows"], batches))
+    summary["roofline_fraction_135m_b1"] = ratio(big["roofline_us"], summary.get("tpot_us_135m_b1")) if big else None
+    summary["roofline_fraction_135m_b1_graph"] = ratio(big["roofline_us"], tpot_of(big, "graph", 1)) if big else None
+    summary["peers"] = ({key: peer_status(r["rows"]) for key, r in results.items()} if args.peers
+                        else "not run: --peers was empty")
     path = write_results("decode", vars(args), results, summary, args.out)
     print("\nsummary:", json.dumps(summary, indent=1))
     print(f"wrote {path}")
