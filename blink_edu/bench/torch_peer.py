@@ -438,14 +438,14 @@ def peer_rows(source: str | Path | ModelWeights, batches: list[int], settings: P
 
 
 def _what(row: dict) -> str:
-    return f"batch {row['batch']}" if row["task"] == "decode" else f"prefill {row['prefill_tokens']}"
+    return f"batch {row['batch']}" if "batch" in row else f"prefill {row['prefill_tokens']}"
 
 
 def _print_row(row: dict) -> None:
     what = _what(row)
     if "error" in row:
         print(f"  {row['executor']} {what}  failed: {row['error'][:200]}", flush=True)
-    elif row["task"] == "decode":
+    elif "batch" in row:
         print(f"  {row['executor']} {what}  TPOT {row['tpot_us']:9.1f} us  "
               f"{row['tokens_per_s']:9.0f} tok/s  (setup {row['setup_s']:.0f} s)", flush=True)
     else:
