@@ -14,7 +14,6 @@ which is the chapter's "where does the time go" figure.
 
 from __future__ import annotations
 
-import argparse
 import json
 import statistics
 import tempfile
@@ -30,6 +29,7 @@ from ..config import SamplingParams
 from ..kv.block_manager import BlockManager
 from ..model.bundled import resolve_model_dir
 from ..model.weights import ModelWeights, load_weights, random_weights
+from .cli import bench_parser
 from .results import print_table, write_results
 
 SMOLLM2_135M = dict(model_type="llama", vocab_size=49152, hidden_size=576, intermediate_size=1536,
@@ -327,15 +327,15 @@ def ratio(a, b):
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--batches", default="1,8,32,128")
-    parser.add_argument("--prompt-len", type=int, default=16)
-    parser.add_argument("--steps", type=int, default=32)
-    parser.add_argument("--models", default="bundled,135m")
-    parser.add_argument("--skip-hf", action="store_true")
+    parser = bench_parser("decode", __doc__)
+    parser.add_argument("--batches", default="1,8,32,128", help="batch sizes, comma-separated")
+    parser.add_argument("--prompt-len", type=int, default=16, help="prompt tokens per sequence")
+    parser.add_argument("--steps", type=int, default=32, help="decode steps timed")
+    parser.add_argument("--models", default="bundled,135m",
+                        help="bundled (the 7.3M model) and/or 135m (SmolLM2-135M's shape, random)")
+    parser.add_argument("--skip-hf", action="store_true", help="no Hugging Face baseline")
     parser.add_argument("--hf-compile-timeout", type=float, default=240,
                         help="seconds for the static-cache + torch.compile child process")
-    parser.add_argument("--out", default=None, help="results folder (default bench/results)")
     args = parser.parse_args(argv)
     rng = np.random.default_rng(0)
     bandwidth = hbm_copy_bandwidth()

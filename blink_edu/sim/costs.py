@@ -26,7 +26,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..engine.step import padded_step_shape
+from ..config import padded_step_shape
 
 KiB, MiB, GB = 1024, 1024 ** 2, 1e9
 

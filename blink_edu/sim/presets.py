@@ -17,7 +17,7 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..bench.results import RESULTS_DIR
+from ..config import PUBLISHED_RESULTS_DIR
 from ..sched.vlt import RotaSchedConfig
 from .costs import GB, KiB, MiB, BandwidthCurve, CostModel, fit_linear, kv_block_bytes
 from .workload import LengthModel
@@ -165,7 +165,7 @@ BUNDLED_BLOCK_BYTES = kv_block_bytes(num_layers=8, num_kv_heads=4, head_dim=32, 
                                      dtype_bytes=4)  # float32 KV pool = 128 KiB
 
 
-def bundled_step_model(results_dir: Path = RESULTS_DIR) -> tuple[float, float, str]:
+def bundled_step_model(results_dir: Path = PUBLISHED_RESULTS_DIR) -> tuple[float, float, str]:
     """(a, b, how) for the bundled model's graph-executor decode step on the H200.
 
     Calibrated from ``bench/results/decode.json``: its rows for the bundled model when it has
@@ -193,7 +193,7 @@ def bundled_step_model(results_dir: Path = RESULTS_DIR) -> tuple[float, float, s
     return 773e-6, 2e-6, "DESIGN.md §4 (773 us/step, 8 layers x hidden 256): no decode.json"
 
 
-def bundled_h200(results_dir: Path = RESULTS_DIR) -> Preset:
+def bundled_h200(results_dir: Path = PUBLISHED_RESULTS_DIR) -> Preset:
     a, b, how = bundled_step_model(results_dir)
     cost = CostModel(fixed_s=a, per_token_s=b, per_context_token_s=BUNDLED_BLOCK_BYTES / 16 / 4.3e12,
                      block_bytes=BUNDLED_BLOCK_BYTES, link=PCIE_H200)

@@ -11,8 +11,8 @@ import types
 import numpy as np
 import pytest
 
-from blink_edu.bench.slo_real import (LENGTHS, PREDICTED, MeasuredRequest, record_tokens,
-                                      requests_moved, score)
+from blink_edu.bench.replay import MeasuredRequest, record_tokens, requests_moved
+from blink_edu.bench.slo_real import LENGTHS, PREDICTED
 from blink_edu.config import EngineConfig, ModelConfig, SamplingParams
 from blink_edu.engine import llm_engine, scheduler, sequence
 from blink_edu.engine.llm_engine import LLMEngine, StepOutput
@@ -21,6 +21,7 @@ from blink_edu.model.weights import random_weights
 from blink_edu.sched.policies import make_policy
 from blink_edu.sched.vlt import RotaSchedConfig
 from blink_edu.sim.costs import CostModel
+from blink_edu.sim.metrics import score
 from blink_edu.sim.presets import PCIE_H200, Preset
 from blink_edu.sim.simulator import simulate
 from blink_edu.sim.workload import poisson_workload
