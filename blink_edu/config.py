@@ -1,6 +1,6 @@
 """Configuration: the model's shape (from a Hugging Face ``config.json``), sampling, and the engine.
 
-DESIGN.md §2–3. ``ModelConfig`` is read from the same ``config.json`` that Hugging Face
+docs/design.md §2–3. ``ModelConfig`` is read from the same ``config.json`` that Hugging Face
 ``transformers`` reads, for the Llama family: Llama, Mistral and Qwen2. They share one block —
 RMSNorm -> attention with rotary positions (RoPE) and grouped-query heads (GQA) -> RMSNorm ->
 SwiGLU MLP — and differ in a few switches that this file turns into plain fields:

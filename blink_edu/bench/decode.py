@@ -1,7 +1,7 @@
 """``python -m blink_edu.bench.decode``: decode speed of the eager and graph executors, against
 Hugging Face ``transformers`` on the same weights and against the HBM roofline.
 
-Issue 4; DESIGN.md §4 (peers measured on the H200). For each model — the bundled one and a
+docs/design.md §4 (peers measured on the H200). For each model — the bundled one and a
 random-weight model of SmolLM2-135M's shape in fp16 — and each batch size, ``B`` sequences with
 ``P``-token prompts are prefilled, then ``steps`` decode steps are timed one by one (each step ends
 with its sampled tokens back on the host). TPOT is the median step time; throughput ``B / TPOT``.
@@ -265,7 +265,7 @@ def _hf_compiled_child(queue, folder, batches, prompt_len, steps, vocab):
 
 def time_hf_compiled_in_child(folder, batches, prompt_len, steps, vocab, timeout_s=240) -> list[dict]:
     """transformers with a static cache + ``torch.compile`` (CUDA graphs), in a child process:
-    on the H200 this path has killed its process outright (DESIGN.md §4), which must not take
+    on the H200 this path has killed its process outright (docs/design.md §4), which must not take
     the benchmark down with it. Returns its rows, or one row saying how it failed."""
     import multiprocessing
 

@@ -1,6 +1,6 @@
 """``python -m blink_edu.bench.kv_transfer``: SuperInfer's Table 1 ladder on this machine's link.
 
-Issue 7; SuperInfer §4 (DuplexKV) and DESIGN.md §4/§6. KV blocks of Qwen2.5-32B's geometry (64
+SuperInfer §4 (DuplexKV) and docs/design.md §4/§6. KV blocks of Qwen2.5-32B's geometry (64
 layers, 8 KV heads, head_dim 128, 16-token blocks, fp16: 32 KiB per (layer, K/V) segment, 64 KiB
 per layer, 4 MiB per block) move between GPU memory and pinned host memory, several GiB each way:
 

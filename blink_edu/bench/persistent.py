@@ -1,6 +1,6 @@
 """``python -m blink_edu.bench.persistent``: the host out of the loop, measured (GPU only).
 
-Issue 5; Blink §5 (CPU interference) and §7; DESIGN.md §9 (making the experiments fair). One run:
+Blink §5 (CPU interference) and §7; docs/design.md §9 (making the experiments fair). One run:
 
 1. **scan** — the persistent kernel's time to scan a 4096-slot ring (from its doorbell snapshot to
    the end of the grid barrier after the scan, read from the kernel's own counters);
@@ -308,7 +308,7 @@ def grid_barrier_costs(grids: list[int], n: int = 20000) -> dict:
 
 # --- the headline figures ----------------------------------------------------------------------
 def summary_of(results: dict) -> dict:
-    """The summary the issue asks for, from the raw results (JSON keys: batch sizes as strings
+    """The headline summary, from the raw results (JSON keys: batch sizes as strings
     once written, ints before)."""
     def tpot(name, b, kind="quiet"):
         by_batch = results.get(name, {}).get(kind, {})

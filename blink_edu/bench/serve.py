@@ -1,7 +1,7 @@
 """``python -m blink_edu.bench.serve``: load-test the OpenAI server the way vLLM's
 ``benchmark_serving.py`` does — TTFT, TPOT, ITL, E2E, throughput and goodput at several rates.
 
-DESIGN.md §7 and §9 (one seeded workload replayed at every rate; every raw figure in
+docs/design.md §7 and §9 (one seeded workload replayed at every rate; every raw figure in
 ``serve.json`` in the results folder, ``--out``), Blink §5's serving metrics, and vLLM's metric definitions:
 
     TTFT   request sent -> first streamed token                    (per request)

@@ -8,7 +8,7 @@ request rate for every scheduling policy (SuperInfer §5, Figures of attainment 
 
 ``--sim`` runs ``blink_edu.sim`` (the same policy objects as the engine, against a cost model)
 for every policy over the preset's rates, one seeded workload per rate replayed for every policy
-(DESIGN.md §9), prints a table, plots attainment against rate (``slo_attainment.png``) and writes
+(docs/design.md §9), prints a table, plots attainment against rate (``slo_attainment.png``) and writes
 ``slo.json`` (in the results folder, ``--out``) whose ``summary`` holds ``lvf_minus_fcfs_ttft_attainment_pts`` and
 ``lvf_minus_fcfs_tbt_attainment_pts`` at the most pressured rate where FCFS still completes (every
 request done within ``drain_s`` of the last arrival; see ``sim.sweep.headline``).

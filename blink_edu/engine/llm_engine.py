@@ -1,6 +1,6 @@
 """The engine: requests in, one step at a time, tokens out.
 
-DESIGN.md §2 (the eager/graph executors' host loop: "a Python loop launches every kernel of every
+docs/design.md §2 (the eager/graph executors' host loop: "a Python loop launches every kernel of every
 step"); nano-vllm's ``LLMEngine``. This host-driven loop is exactly what Blink takes off the CPU:
 
     while engine.has_unfinished():

@@ -1,4 +1,4 @@
-"""The CPU executor: runs each step through the NumPy reference model (DESIGN.md §3).
+"""The CPU executor: runs each step through the NumPy reference model (docs/design.md §3).
 
 It is what ``generate`` and the server use on a machine without a GPU — the simulator would be far
 too slow for interactive use — and the oracle the kernel executors are compared with.

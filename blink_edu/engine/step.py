@@ -1,6 +1,6 @@
 """One engine step, as plain arrays: the contract between the scheduler and every executor.
 
-DESIGN.md §2. The scheduler decides *what* runs this step and packs it into a ``StepBatch``:
+docs/design.md §2. The scheduler decides *what* runs this step and packs it into a ``StepBatch``:
 a flat batch of tokens (prefill chunks and decode tokens of several sequences, mixed), each
 sequence's block table, and how each sequence samples. An executor — the NumPy reference, eager
 kernel launches, replayed CUDA graphs, or a persistent kernel — runs the model over it and returns

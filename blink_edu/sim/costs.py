@@ -1,6 +1,6 @@
 """Cost model of one serving step and of KV transfers, for the discrete-event simulator.
 
-DESIGN.md §4 (PCIe H200 copy bandwidth measured by this project) and §6 (SuperInfer Table 1:
+docs/design.md §4 (PCIe H200 copy bandwidth measured by this project) and §6 (SuperInfer Table 1:
 GH200 NVLink-C2C bandwidth for batched, block-first copies; DuplexKV's both-ways figures).
 
 * **step time** — a linear model of one forward pass over a flat batch:

@@ -39,13 +39,16 @@ CONFIG = RotaSchedConfig(ttft_slo_s=250 * STEP_S, tbt_slo_s=5 * STEP_S, transfer
 
 
 class ModelFreeExecutor:
-    """Owns a KV pool (rotation copies real blocks) but runs no model: the tokens do not
-    matter here (ignore_eos, max_tokens), the schedule does."""
+    """An ``Executor`` that owns a KV pool (rotation copies real blocks) but runs no model: the
+    tokens do not matter here (ignore_eos, max_tokens), the schedule does."""
 
     name = "model-free"
+    block_size = 16
+    compute_stream = None
+    buckets = None  # steps at their own shape (the cost model pads, as the graph executor)
 
     def __init__(self, weights):
-        self.kv_pool = ReferenceExecutor(weights, PRESET.num_gpu_blocks, 16).kv_pool
+        self.kv_pool = ReferenceExecutor(weights, PRESET.num_gpu_blocks, self.block_size).kv_pool
         self.last = (0, 0)
 
     def step(self, batch):
