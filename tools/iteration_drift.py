@@ -17,13 +17,9 @@ import argparse
 import json
 import statistics
 
-import numpy as np
-
 from blink_edu.bench import slo_plan
-from blink_edu.bench.slo_real import LENGTHS, Bench, RealRunConfig, engine_config, preset_for
-from blink_edu.engine.llm_engine import make_executor
-from blink_edu.model.bundled import resolve_model_dir
-from blink_edu.model.weights import load_weights
+from blink_edu.bench.slo_real import (LENGTHS, RealRunConfig, calibrated_bench, diagnostic_parser,
+                                      preset_for)
 from blink_edu.sim.calibrate import Iteration, iteration_fit
 from blink_edu.sim.workload import poisson_workload
 
@@ -31,15 +27,8 @@ FACTORS = (0.8, 1.0, 1.15, 1.3)  # of the rate the KV pool sustains
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python tools/iteration_drift.py",
-                                description=__doc__.split("\n\n")[0],
-                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    p.add_argument("--executor", default="graph", help="reference, eager or graph")
-    p.add_argument("--kv-blocks", type=int, default=384, help="the engine's KV pool")
-    p.add_argument("--max-num-seqs", type=int, default=64, help="the engine's batch limit")
-    p.add_argument("--num-requests", type=int, default=200, help="requests per run")
-    p.add_argument("--transfer-budget", type=int, default=16, help="LVF's B_xfer (blocks)")
-    p.add_argument("--decision-interval", type=int, default=4, help="LVF decides every N")
+    p = diagnostic_parser("python tools/iteration_drift.py", __doc__, transfer_budget=16,
+                          decision_interval=4)
     p.add_argument("--dump", default=None, help="write every iteration of every run here (JSON)")
     return p.parse_args(argv)
 
@@ -57,16 +46,9 @@ def describe(factor: float, policy: str, its: list[Iteration], fit: dict) -> str
 
 def main(argv=None) -> int:
     args = parse_args(argv)
-    run = RealRunConfig(executor=args.executor, kv_blocks=args.kv_blocks,
-                        max_num_seqs=args.max_num_seqs, num_requests=args.num_requests,
-                        transfer_budget=args.transfer_budget,
-                        decision_interval=args.decision_interval)
-    weights = load_weights(resolve_model_dir())
-    executor = make_executor(run.executor, weights, engine_config(run, "fcfs", 0))
-    bench = Bench(run, weights, executor, np.random.default_rng(0))
-    bench.warm_up()
-    cal, config = bench.calibrate()
-    cost = preset_for(weights, run, cal, config).cost
+    run = RealRunConfig.from_args(args)
+    bench, cal, config = calibrated_bench(run)
+    cost = preset_for(bench.weights, run, cal, config).cost
     rate = slo_plan.sustained_rate(run.kv_blocks, run.max_num_seqs, cal.step_s, LENGTHS)
     print(f"fit: {cal.described()}; sustained {rate:.1f} req/s; B_xfer "
           f"{config.transfer_budget_blocks}, a decision every {config.decision_interval}",

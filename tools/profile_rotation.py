@@ -19,33 +19,17 @@ import statistics
 import time
 from pathlib import Path
 
-import numpy as np
-
 from blink_edu.bench.replay import BatchRecorder
-from blink_edu.bench.slo_real import Bench, RealRunConfig, burst, engine_config
-from blink_edu.engine.llm_engine import make_executor
-from blink_edu.model.bundled import resolve_model_dir
-from blink_edu.model.weights import load_weights
+from blink_edu.bench.slo_real import Bench, RealRunConfig, burst, calibrated_bench, diagnostic_parser
 from blink_edu.sched.policies import make_policy
 
 POLICIES = ("fcfs", "lvf")
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python tools/profile_rotation.py",
-                                description=__doc__.split("\n\n")[0],
-                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    p.add_argument("--executor", default="graph", help="reference, eager or graph")
-    p.add_argument("--kv-blocks", type=int, default=384, help="the engine's KV pool")
-    p.add_argument("--max-num-seqs", type=int, default=64, help="the engine's batch limit")
+    p = diagnostic_parser("python tools/profile_rotation.py", __doc__)
     p.add_argument("--calibration-requests", type=int, default=48,
                    help="requests of the calibration burst, and of the profiled one")
-    p.add_argument("--transfer-budget", type=lambda t: t if t == "auto" else int(t),
-                   default="auto", help="B_xfer of the LVF runs ('auto': the paper's, scaled)")
-    p.add_argument("--decision-interval", type=int, default=1,
-                   help="LVF decides every N iterations (Policy.decides_at)")
-    p.add_argument("--num-requests", type=int, default=200,
-                   help="size the host arena as bench.slo --real does for this many requests")
     p.add_argument("--out", default=None, help="write the profiles here instead of printing")
     p.add_argument("--timers", action="store_true",
                    help="no cProfile: wall time per iteration of each part of the engine's step")
@@ -121,16 +105,8 @@ def report_profiles(bench: Bench, config, requests, out: str | None) -> None:
 
 def main(argv=None) -> int:
     args = parse_args(argv)
-    run = RealRunConfig(executor=args.executor, kv_blocks=args.kv_blocks,
-                        max_num_seqs=args.max_num_seqs, num_requests=args.num_requests,
-                        calibration_requests=args.calibration_requests,
-                        transfer_budget=args.transfer_budget,
-                        decision_interval=args.decision_interval)
-    weights = load_weights(resolve_model_dir())
-    executor = make_executor(run.executor, weights, engine_config(run, "fcfs", 0))
-    bench = Bench(run, weights, executor, np.random.default_rng(0))
-    bench.warm_up()
-    cal, config = bench.calibrate()
+    run = RealRunConfig.from_args(args)
+    bench, cal, config = calibrated_bench(run)
     fit = (f"fit: a={cal.a * 1e3:.3f} ms b={cal.b * 1e6:.2f} us/tok c={cal.c * 1e9:.1f} ns/ctx "
            f"d={cal.d * 1e6:.1f} us/move step={cal.step_s * 1e3:.3f} ms  "
            f"B_xfer={config.transfer_budget_blocks}")

@@ -120,15 +120,16 @@ class RealRunConfig:
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> RealRunConfig:
-        """From ``bench.slo``'s flags; a flag left out keeps the default above."""
-        given = {name: getattr(args, name) for name in (
+        """From ``bench.slo``'s flags (or a diagnostic's); a flag left out, or None, keeps the
+        default above."""
+        given = {name: getattr(args, name, None) for name in (
             "kv_blocks", "max_num_seqs", "num_requests", "seed", "calibration_requests",
-            "transfer_budget", "decision_interval") if getattr(args, name) is not None}
-        if args.rates is not None:
-            given["rates"] = args.rates if args.rates == "auto" else tuple(args.rates)
-        if args.policies is not None:
-            given["policies"] = tuple(args.policies)
-        return cls(executor=resolve_executor(args.executor or "auto"), **given)
+            "transfer_budget", "decision_interval", "rates", "policies")}
+        given = {name: value for name, value in given.items() if value is not None}
+        for name in ("rates", "policies"):
+            if name in given and given[name] != "auto":
+                given[name] = tuple(given[name])
+        return cls(executor=resolve_executor(getattr(args, "executor", None) or "auto"), **given)
 
     @property
     def auto_plan(self) -> bool:
@@ -348,16 +349,45 @@ def measure(bench: Bench, preset: Preset, cal: Calibration, config: RotaSchedCon
     return {"real": real, "sim": sim, "sim_rel_error": err}
 
 
-def run_real_experiment(run: RealRunConfig) -> tuple[dict, dict, dict]:
-    """(config, raw, summary) of the real-engine experiment."""
-    started = time.perf_counter()
+def calibrated_bench(run: RealRunConfig) -> tuple[Bench, Calibration, RotaSchedConfig]:
+    """The bundled model on one executor for every replay (a fresh engine over it each time),
+    warmed up once, and the cost model calibrated on it: the experiment's first half, and the
+    start of every diagnostic of it (``tools/iteration_drift.py``, ``tools/profile_rotation.py``).
+    The executor owns the KV pool, not the host arena: no requests to size that for."""
     weights = load_weights(resolve_model_dir())
-    # One executor for every run (a fresh engine over it each time): warmed up once. It owns
-    # the KV pool, not the host arena: no requests to size that for.
     executor = make_executor(run.executor, weights, engine_config(run, "fcfs", num_requests=0))
     bench = Bench(run, weights, executor, np.random.default_rng(run.seed))
     bench.warm_up()
     cal, config = bench.calibrate()
+    return bench, cal, config
+
+
+def diagnostic_parser(prog: str, doc: str, **defaults) -> argparse.ArgumentParser:
+    """The command line of a diagnostic of this experiment (``tools/``): the engine's flags of
+    ``bench.slo --real``, with the diagnostic's ``defaults`` (flag name -> value)."""
+    p = argparse.ArgumentParser(prog=prog, description=doc.split("\n\n")[0],
+                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p.add_argument("--executor", default=defaults.get("executor", "graph"),
+                   help="reference, eager or graph")
+    p.add_argument("--kv-blocks", type=int, default=defaults.get("kv_blocks", 384),
+                   help="the engine's KV pool")
+    p.add_argument("--max-num-seqs", type=int, default=defaults.get("max_num_seqs", 64),
+                   help="the engine's batch limit")
+    p.add_argument("--num-requests", type=int, default=defaults.get("num_requests", 200),
+                   help="requests per run (and what the host arena is sized for)")
+    p.add_argument("--transfer-budget", type=lambda t: t if t == "auto" else int(t),
+                   default=defaults.get("transfer_budget", "auto"),
+                   help="LVF's B_xfer in blocks ('auto': the paper's, scaled to the pool)")
+    p.add_argument("--decision-interval", type=int, default=defaults.get("decision_interval", 1),
+                   help="LVF decides every N iterations")
+    return p
+
+
+def run_real_experiment(run: RealRunConfig) -> tuple[dict, dict, dict]:
+    """(config, raw, summary) of the real-engine experiment."""
+    started = time.perf_counter()
+    bench, cal, config = calibrated_bench(run)
+    weights = bench.weights
     preset = preset_for(weights, run, cal, config)
     print(f"[{time.perf_counter() - started:.0f} s] calibrated on this machine ({run.executor}): "
           f"{cal.described()}; SLOs TTFT {config.ttft_slo_s * 1e3:.0f} ms, TPOT "
