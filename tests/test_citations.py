@@ -21,8 +21,8 @@ PENDING = {"blink_edu/kernels/sync.py", "blink_edu/kernels/__init__.py",
            "blink_edu/serve/protocol.py", "blink_edu/serve/metrics.py",
            "blink_edu/serve/stream.py", "blink_edu/serve/launcher.py",
            "blink_edu/serve/__main__.py", "blink_edu/serve/app.py", "blink_edu/serve/health.py",
-           "notebooks/labs/lab2_ring.ipynb", "notebooks/labs/lab4_duplexkv.ipynb",
-           "tests/test_citations.py"}
+           "notebooks/labs/lab2_ring.ipynb", "notebooks/labs/lab4_duplexkv.ipynb"}
+SELF = "tests/test_citations.py"  # its examples of what is refused
 
 
 def scanned_files():
@@ -37,7 +37,7 @@ def test_no_file_cites_an_outside_file_or_an_issue_number():
     found = []
     for path in scanned_files():
         name = path.relative_to(ROOT).as_posix()
-        if name in PENDING:
+        if name in PENDING or name == SELF:
             continue
         for number, line in enumerate(path.read_text().splitlines(), 1):
             if FORBIDDEN.search(line):
