@@ -1,11 +1,11 @@
 """Which machine runs the kernels: a real CUDA GPU, or Numba's CUDA simulator.
 
-DESIGN.md §3. The same Numba CUDA kernels run in two places:
+docs/design.md §3. The same Numba CUDA kernels run in two places:
 
 * ``gpu``  — numba-cuda compiles them for the GPU; host arrays are CuPy where available.
 * ``sim``  — Numba's CUDA simulator (``NUMBA_ENABLE_CUDASIM=1``) runs every CUDA thread as a
   Python thread on the CPU, so a laptop with no GPU (and CI) can execute and test every kernel.
-  It is slow: keep shapes tiny there (DESIGN.md §5).
+  It is slow: keep shapes tiny there (docs/design.md §5).
 
 The choice is made exactly once, here, before ``numba.cuda`` is first imported, because the
 simulator is selected at import time. Nothing else in the package asks "is there a GPU?".
@@ -71,7 +71,7 @@ def cuda_device_count() -> int:
 
 
 def _apply_numpy_shim() -> None:
-    """numba-cuda 0.30.x uses ``np.row_stack``; NumPy 2.5 removed it (DESIGN.md §5)."""
+    """numba-cuda 0.30.x uses ``np.row_stack``; NumPy 2.5 removed it (docs/design.md §5)."""
     if not hasattr(np, "row_stack"):
         np.row_stack = np.vstack  # type: ignore[attr-defined]
 

@@ -1,6 +1,6 @@
 """Configuration: the model's shape (from a Hugging Face ``config.json``), sampling, and the engine.
 
-DESIGN.md §2–3. ``ModelConfig`` is read from the same ``config.json`` that Hugging Face
+docs/design.md §2–3. ``ModelConfig`` is read from the same ``config.json`` that Hugging Face
 ``transformers`` reads, for the Llama family: Llama, Mistral and Qwen2. They share one block —
 RMSNorm -> attention with rotary positions (RoPE) and grouped-query heads (GQA) -> RMSNorm ->
 SwiGLU MLP — and differ in a few switches that this file turns into plain fields:
@@ -244,6 +244,21 @@ class SamplingParams:
         return self.temperature == 0
 
 
+def padded_step_shape(num_seqs: int, num_tokens: int) -> tuple[int, int]:
+    """(S_b, T_b): the shape the eager and graph executors run a step of ``num_seqs`` sequences
+    and ``num_tokens`` tokens at (their ``BucketTable``, one CUDA graph per shape; the
+    simulator's cost model prices a step at it too): each rounded up to a power of two, and at
+    least as many tokens as sequences."""
+    s_b = 1 << max(num_seqs - 1, 0).bit_length()
+    return s_b, max(s_b, 1 << max(num_tokens - 1, 0).bit_length())
+
+
+#: The checkout's published benchmark results (``bench/results/``: measured on the GPU machine,
+#: read by the chapters and by the simulator's bundled-model preset). Absent from an installed
+#: package: readers fall back and say so. Benchmarks write elsewhere unless told (bench/results.py).
+PUBLISHED_RESULTS_DIR = Path(__file__).resolve().parents[1] / "bench" / "results"
+
+
 # "persistent": Blink's scheduler kernel, the forward pass inline; "persistent-graph": the same
 # kernel launching a CUDA graph per step from the GPU (engine/graph_dispatch.py).
 EXECUTORS = ("auto", "reference", "eager", "graph", "persistent", "persistent-graph")
@@ -307,3 +322,32 @@ class EngineConfig:
             raise ValueError(f"policy {self.policy!r} needs a host-driven executor (reference, "
                              f"eager or graph): the persistent kernel admits FCFS and never "
                              f"preempts")
+
+    def max_model_len_for(self, model: ModelConfig) -> int:
+        """The longest request (prompt + output, tokens) an engine of this config admits for
+        ``model``: ``max_model_len``, or the model's ``max_position_embeddings`` when None.
+        ValueError when it exceeds the model's (RoPE tables and the HF model end there)."""
+        length = self.max_model_len or model.max_position_embeddings
+        if length > model.max_position_embeddings:
+            raise ValueError(f"max_model_len={length} exceeds the model's "
+                             f"max_position_embeddings={model.max_position_embeddings}")
+        return length
+
+
+def resolve_executor(name: str, policy: str = "fcfs", *, serves_ring: bool = False) -> str:
+    """The executor that ``name`` (``EngineConfig.executor``, a ``--executor`` flag) stands for.
+
+    ``auto`` is the fastest executor that can run the job on this machine: on a CPU the NumPy
+    reference (the kernels would run in Numba's simulator, far too slow to serve); on a GPU the
+    persistent scheduler kernel (Blink's design) when serving a ring (``serves_ring``: the
+    server) under FCFS, and otherwise the CUDA-graph executor -- ``LLMEngine`` drives each step
+    from the host, and the persistent kernel reserves a request's KV blocks at admission and
+    never preempts, so another policy needs a host-driven executor. Any other name is returned
+    as it is."""
+    if name != "auto":
+        return name
+    from .backend import get_backend  # here: choosing the backend may import numba.cuda
+
+    if get_backend().is_simulator:
+        return "reference"
+    return "persistent" if serves_ring and policy == "fcfs" else "graph"

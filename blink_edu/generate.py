@@ -18,7 +18,7 @@ from .backend import describe
 from .config import EXECUTORS, EngineConfig, SamplingParams
 from .engine.llm_engine import LLMEngine
 from .model.bundled import resolve_model_dir
-from .model.tokenizer import Tokenizer
+from .model.tokenizer import Tokenizer, stop_ids
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -34,13 +34,6 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--executor", choices=EXECUTORS, default="auto")
     p.add_argument("--quiet", action="store_true", help="no statistics line on stderr")
     return p.parse_args(argv)
-
-
-def stop_ids(folder, tokenizer: Tokenizer) -> tuple[int, ...]:
-    """The model config's EOS ids and the tokenizer's, together."""
-    from .config import ModelConfig
-
-    return tuple(dict.fromkeys(ModelConfig.from_folder(folder).eos_token_ids + tokenizer.eos_ids))
 
 
 def main(argv=None) -> int:

@@ -1,6 +1,6 @@
 """The offline API: a list of prompts in, their completions out, in order (vLLM's ``LLM``).
 
-DESIGN.md §2 and §8; nano-vllm's ``LLM``. Everything is queued at once and the engine batches it
+docs/design.md §2 and §8; nano-vllm's ``LLM``. Everything is queued at once and the engine batches it
 continuously, step by step, until every request has finished:
 
     llm = LLM("path/to/model")          # None: the bundled model

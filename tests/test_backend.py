@@ -64,7 +64,7 @@ def test_row_stack_shim_restores_the_removed_function(monkeypatch):
 
 
 def test_only_backend_module_asks_about_the_gpu():
-    """DESIGN.md §3: nothing else in the package decides GPU-or-simulator on its own."""
+    """docs/design.md §3: nothing else in the package decides GPU-or-simulator on its own."""
     import pathlib
 
     root = pathlib.Path(backend.__file__).parent

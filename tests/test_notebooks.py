@@ -1,4 +1,4 @@
-"""Every chapter notebook runs top to bottom (DESIGN.md §7: notebooks are part of the product).
+"""Every chapter notebook runs top to bottom (docs/design.md §7: notebooks are part of the product).
 
 Each ``notebooks/**/*.ipynb`` (except Jupyter checkpoints and ``notebooks/labs/handout/``, whose
 notebooks are exercises with blanks to fill) is executed with nbclient in the ``python3`` kernel,

@@ -1,7 +1,7 @@
 """``python -m blink_edu.bench.decode``: decode speed of the eager and graph executors, against
 Hugging Face ``transformers`` on the same weights and against the HBM roofline.
 
-Issue 4; DESIGN.md §4 (peers measured on the H200). For each model — the bundled one and a
+docs/design.md §4 (peers measured on the H200). For each model — the bundled one and a
 random-weight model of SmolLM2-135M's shape in fp16 — and each batch size, ``B`` sequences with
 ``P``-token prompts are prefilled, then ``steps`` decode steps are timed one by one (each step ends
 with its sampled tokens back on the host). TPOT is the median step time; throughput ``B / TPOT``.
@@ -16,7 +16,6 @@ whose rows give the summary's ``ours_over_torch_*`` ratios; ``peers`` says which
 
 from __future__ import annotations
 
-import argparse
 import json
 import statistics
 import tempfile
@@ -32,6 +31,7 @@ from ..config import SamplingParams
 from ..kv.block_manager import BlockManager
 from ..model.bundled import resolve_model_dir
 from ..model.weights import ModelWeights, load_weights, random_weights
+from .cli import bench_parser
 from .results import print_table, write_results
 
 SMOLLM2_135M = dict(model_type="llama", vocab_size=49152, hidden_size=576, intermediate_size=1536,
@@ -267,7 +267,7 @@ def _hf_compiled_child(queue, folder, batches, prompt_len, steps, vocab):
 
 def time_hf_compiled_in_child(folder, batches, prompt_len, steps, vocab, timeout_s=240) -> list[dict]:
     """transformers with a static cache + ``torch.compile`` (CUDA graphs), in a child process:
-    on the H200 this path has killed its process outright (DESIGN.md §4), which must not take
+    on the H200 this path has killed its process outright (docs/design.md §4), which must not take
     the benchmark down with it. Returns its rows, or one row saying how it failed."""
     import multiprocessing
 
@@ -335,12 +335,13 @@ def ratio(a, b):
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--batches", default="1,8,64")
-    parser.add_argument("--prompt-len", type=int, default=16)
-    parser.add_argument("--steps", type=int, default=32)
-    parser.add_argument("--models", default="bundled,135m")
-    parser.add_argument("--skip-hf", action="store_true")
+    parser = bench_parser("decode", __doc__)
+    parser.add_argument("--batches", default="1,8,64", help="batch sizes, comma-separated")
+    parser.add_argument("--prompt-len", type=int, default=16, help="prompt tokens per sequence")
+    parser.add_argument("--steps", type=int, default=32, help="decode steps timed")
+    parser.add_argument("--models", default="bundled,135m",
+                        help="bundled (the 7.3M model) and/or 135m (SmolLM2-135M's shape, random)")
+    parser.add_argument("--skip-hf", action="store_true", help="no Hugging Face baseline")
     parser.add_argument("--hf-compile-timeout", type=float, default=240,
                         help="seconds for the static-cache + torch.compile child process")
     parser.add_argument("--peers", default="torch_graph,torch_compiled",
@@ -351,7 +352,6 @@ def main(argv=None) -> int:
                         help="torch.compile mode of the compiled peer (one without its own CUDA graphs)")
     parser.add_argument("--prefill-tokens", type=int, default=512,
                         help="prompt length of the peer's prefill timing (batch 1)")
-    parser.add_argument("--out", default=None, help="results folder (default bench/results)")
     args = parser.parse_args(argv)
     rng = np.random.default_rng(0)
     bandwidth = hbm_copy_bandwidth()

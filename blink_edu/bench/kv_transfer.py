@@ -1,6 +1,6 @@
 """``python -m blink_edu.bench.kv_transfer``: SuperInfer's Table 1 ladder on this machine's link.
 
-Issue 7; SuperInfer §4 (DuplexKV) and DESIGN.md §4/§6. KV blocks of Qwen2.5-32B's geometry (64
+SuperInfer §4 (DuplexKV) and docs/design.md §4/§6. KV blocks of Qwen2.5-32B's geometry (64
 layers, 8 KV heads, head_dim 128, 16-token blocks, fp16: 32 KiB per (layer, K/V) segment, 64 KiB
 per layer, 4 MiB per block) move between GPU memory and pinned host memory, several GiB each way:
 
@@ -32,7 +32,7 @@ request (8200 tokens: 512 full blocks and a dirty tail, ~2 GiB) through the rota
 full blocks were copied in the background while it decoded: only the dirty tail moves) and
 without (everything moves at preemption).
 
-Writes ``bench/results/kv_transfer.json``. On a machine without a GPU it says so and exits 2;
+Writes ``kv_transfer.json`` in the results folder (``--out``). On a machine without a GPU it says so and exits 2;
 ``--tiny`` runs the same code on a tiny geometry (on the CPU: NumPy copies, for the tests).
 Memory: a 4 GiB device pool, a 4 GiB pinned host arena, 2 x 64 MiB staging, a 256 MiB sweep
 buffer. Runtime on the H200: well under a minute; every section is bounded by ``--budget-s``.
@@ -40,7 +40,6 @@ buffer. Runtime on the H200: well under a minute; every section is bounded by ``
 
 from __future__ import annotations
 
-import argparse
 import statistics
 import sys
 import time
@@ -53,6 +52,7 @@ from ..kv.block_manager import COPY_IN, COPY_OUT, BlockManager
 from ..kv.host_store import HostKVStore
 from ..kv.rotation import RotationEngine
 from ..kv.transfer import DeviceTransport, MappedTransport, NumpyTransport
+from .cli import bench_parser
 from .results import print_table, write_results
 
 KiB, MiB, GiB = 1 << 10, 1 << 20, 1 << 30
@@ -513,11 +513,11 @@ def _at_least(value, bound):
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = bench_parser("kv_transfer", __doc__)
     parser.add_argument("--tiny", action="store_true",
                         help="a tiny geometry (runs on a CPU too: the tests' smoke mode)")
-    parser.add_argument("--gib", type=float, default=2.0, help="GiB moved each way (default 2)")
-    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--gib", type=float, default=2.0, help="GiB moved each way")
+    parser.add_argument("--repeats", type=int, default=5, help="timed repeats of each copy")
     parser.add_argument("--budget-s", type=float, default=150.0, help="stop measuring after this")
     parser.add_argument("--rotate-tokens", type=int, default=8200,
                         help="the long request: 8200 tokens = 512 full blocks + a dirty tail")
@@ -582,7 +582,7 @@ def main(argv=None) -> int:
     print()
     path = write_results("kv_transfer", config, {"ladder": ladder, "link": link_rows, "size_sweep": sweep,
                                                  "rotate_out": rotations, "ticket_issue": tickets},
-                         summary)
+                         summary, args.out)
     print(f"wrote {path} ({time.monotonic() - started:.1f} s)", flush=True)
     return 0
 

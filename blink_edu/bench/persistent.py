@@ -1,6 +1,6 @@
 """``python -m blink_edu.bench.persistent``: the host out of the loop, measured (GPU only).
 
-Issue 5; Blink §5 (CPU interference) and §7; DESIGN.md §9 (making the experiments fair). One run:
+Blink §5 (CPU interference) and §7; docs/design.md §9 (making the experiments fair). One run:
 
 1. **scan** — the persistent kernel's time to scan a 4096-slot ring (from its doorbell snapshot to
    the end of the grid barrier after the scan, read from the kernel's own counters);
@@ -16,7 +16,7 @@ Issue 5; Blink §5 (CPU interference) and §7; DESIGN.md §9 (making the experim
 5. the **SIGSTOP demonstration**: the engine process (persistent executor, as ``serve`` runs it) is
    stopped with SIGSTOP mid-run while this process keeps submitting; every request completes.
 
-Writes ``bench/results/persistent.json``.
+Writes ``persistent.json`` in the results folder (``--out``).
 """
 
 from __future__ import annotations
@@ -39,6 +39,7 @@ from ..ring.layout import PREFILL_PENDING
 from ..model.bundled import resolve_model_dir
 from ..model.weights import load_weights
 from ..ring import Ring, RingClient, RingLayout
+from .cli import bench_parser
 from .results import print_table, write_results
 
 LAYOUT = RingLayout(num_slots=4096, max_prompt_tokens=256, max_output_tokens=256)
@@ -186,7 +187,8 @@ def wait_for_state(pid: int, wanted: str, timeout_s: float = 2.0) -> str:
 # --- the SIGSTOP demonstration ---------------------------------------------------------------------
 def sigstop_demo(model_dir, engine_config, n_before=4, n_during=8, max_tokens=48) -> dict:
     """Engine process (persistent) + this process as the frontend; SIGSTOP the engine mid-run."""
-    from ..serve.engine_process import EngineStatsBoard, request_stop, run_engine
+    from ..engine.process import run_engine
+    from ..ring.control import EngineStatsBoard, request_stop
 
     ctx = multiprocessing.get_context("spawn")
     layout = RingLayout(num_slots=64, max_prompt_tokens=64, max_output_tokens=max_tokens)
@@ -306,7 +308,7 @@ def grid_barrier_costs(grids: list[int], n: int = 20000) -> dict:
 
 # --- the headline figures ----------------------------------------------------------------------
 def summary_of(results: dict) -> dict:
-    """The summary the issue asks for, from the raw results (JSON keys: batch sizes as strings
+    """The headline summary, from the raw results (JSON keys: batch sizes as strings
     once written, ints before)."""
     def tpot(name, b, kind="quiet"):
         by_batch = results.get(name, {}).get(kind, {})
@@ -391,13 +393,12 @@ def executor_names(text: str) -> list[str]:
 
 def main(argv=None) -> int:
     from ..backend import get_backend
-    from ..generate import stop_ids
-    from ..model.tokenizer import Tokenizer
+    from ..model.tokenizer import stop_ids
 
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--batches", default="1,8,64")
-    parser.add_argument("--prompt-len", type=int, default=16)
-    parser.add_argument("--max-tokens", type=int, default=32)
+    parser = bench_parser("persistent", __doc__)
+    parser.add_argument("--batches", default="1,8,64", help="concurrent requests, comma-separated")
+    parser.add_argument("--prompt-len", type=int, default=16, help="prompt tokens per request")
+    parser.add_argument("--max-tokens", type=int, default=32, help="tokens generated per request")
     parser.add_argument("--executors", default="eager,graph,persistent,persistent-graph",
                         type=executor_names,
                         help="eager, graph, persistent (inline dispatch), persistent@N (N blocks) "
@@ -405,14 +406,14 @@ def main(argv=None) -> int:
     parser.add_argument("--hog-seconds", type=float, default=60, help="0: no CPU-hog runs")
     parser.add_argument("--barrier-grids", default=[], type=positive_ints,
                         help="e.g. 16,33,66,132: time one grid barrier at these grid sizes")
-    parser.add_argument("--skip-sigstop", action="store_true")
-    parser.add_argument("--out", default=None)
+    parser.add_argument("--skip-sigstop", action="store_true",
+                        help="skip the SIGSTOP demonstration")
     args = parser.parse_args(argv)
     if get_backend().is_simulator:
         print("bench.persistent needs a GPU (the persistent kernel in the simulator is for tests)")
         return 2
     folder = resolve_model_dir()
-    weights, eos = load_weights(folder), stop_ids(folder, Tokenizer.from_folder(folder))
+    weights, eos = load_weights(folder), stop_ids(folder)
     batches = [int(b) for b in args.batches.split(",")]
     engine_config = EngineConfig(block_size=16, num_kv_blocks=1024, max_num_seqs=max(batches),
                                  max_num_batched_tokens=512, weight_dtype="float16")

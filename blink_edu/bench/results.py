@@ -1,4 +1,16 @@
-"""Writing a benchmark's results file: the machine, the commit, every figure, and a summary."""
+"""Writing a benchmark's results file: the machine, the commit, every figure, and a summary.
+
+docs/design.md §9. A benchmark writes ``<out>/<name>.json``. ``out`` is a scratch folder
+(``./bench_scratch``, ignored by git) unless the run asks for another with ``--out`` (or
+``$BLINK_EDU_RESULTS_DIR``): publishing into the checkout's ``bench/results/`` -- the figures the
+chapters read, measured on the GPU machine -- is always a deliberate ``--out bench/results``.
+
+A file may hold sections measured apart (``bench.slo``: the simulator's sweep and the real
+engine's run). Each section keeps its own provenance (when, commit, machine) under
+``sections``; the top-level ``when``/``commit``/``machine`` say who wrote the file last. A run
+that rewrites one section carries the other sections' provenance over unchanged, so a merge
+never relabels data measured elsewhere.
+"""
 
 from __future__ import annotations
 
@@ -9,7 +21,18 @@ import platform
 import subprocess
 from pathlib import Path
 
-RESULTS_DIR = Path(__file__).resolve().parents[2] / "bench" / "results"
+from ..config import PUBLISHED_RESULTS_DIR
+
+#: Where a benchmark writes unless told otherwise (relative to the working directory).
+SCRATCH_DIR = Path("bench_scratch")
+#: The checkout's published results, read by the chapters (re-exported for them).
+RESULTS_DIR = PUBLISHED_RESULTS_DIR
+
+
+def results_dir(out: str | Path | None = None) -> Path:
+    """The folder a run writes to: ``out``, else ``$BLINK_EDU_RESULTS_DIR``, else the scratch
+    folder. Never the published results unless one of those names them."""
+    return Path(out or os.environ.get("BLINK_EDU_RESULTS_DIR") or SCRATCH_DIR)
 
 
 def commit() -> str:
@@ -18,7 +41,7 @@ def commit() -> str:
         return os.environ["BLINK_EDU_COMMIT"]
     try:
         out = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True,
-                             cwd=RESULTS_DIR.parent.parent, timeout=10)
+                             cwd=Path(__file__).resolve().parent, timeout=10)
         return out.stdout.strip() or "unknown"
     except (OSError, subprocess.SubprocessError):
         return "unknown"
@@ -45,13 +68,38 @@ def machine() -> dict:
     return info
 
 
-def write_results(name: str, config: dict, raw: dict, summary: dict, out_dir: Path | None = None) -> Path:
-    out_dir = Path(out_dir or os.environ.get("BLINK_EDU_RESULTS_DIR") or RESULTS_DIR)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    path = out_dir / f"{name}.json"
-    payload = {"name": name, "when": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
-               "commit": commit(), "machine": machine(), "config": config, "summary": summary,
-               "raw": raw}
+def provenance() -> dict:
+    """This run's ``when``, ``commit`` and ``machine``."""
+    return {"when": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+            "commit": commit(), "machine": machine()}
+
+
+def read_results(name: str, out_dir: str | Path | None = None) -> dict:
+    """The results file ``name`` in ``out_dir`` (``results_dir``'s rule), or {} if none."""
+    path = results_dir(out_dir) / f"{name}.json"
+    return json.loads(path.read_text()) if path.exists() else {}
+
+
+def section_provenance(previous: dict, section: str) -> dict:
+    """Who measured ``section`` of an earlier file: its own record, or (a file written before
+    sections were recorded) the file's top-level one."""
+    recorded = previous.get("sections", {}).get(section)
+    if recorded:
+        return recorded
+    return {k: previous.get(k) for k in ("when", "commit", "machine")}
+
+
+def write_results(name: str, config: dict, raw: dict, summary: dict,
+                  out_dir: str | Path | None = None, sections: dict | None = None) -> Path:
+    """Write ``<out_dir>/<name>.json`` (``results_dir``'s rule). ``sections``: the provenance
+    of each section of ``raw`` (``{"sim": provenance(), "real": section_provenance(old, ...)}``)
+    when the file holds parts measured apart."""
+    out = results_dir(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / f"{name}.json"
+    payload = {"name": name, **provenance(), "config": config, "summary": summary, "raw": raw}
+    if sections:
+        payload["sections"] = sections
     path.write_text(json.dumps(payload, indent=2, default=float) + "\n")
     return path
 

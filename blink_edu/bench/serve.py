@@ -1,8 +1,8 @@
 """``python -m blink_edu.bench.serve``: load-test the OpenAI server the way vLLM's
 ``benchmark_serving.py`` does — TTFT, TPOT, ITL, E2E, throughput and goodput at several rates.
 
-DESIGN.md §7 and §9 (one seeded workload replayed at every rate; every raw figure in
-``bench/results/serve.json``), Blink §5's serving metrics, and vLLM's metric definitions:
+docs/design.md §7 and §9 (one seeded workload replayed at every rate; every raw figure in
+``serve.json`` in the results folder, ``--out``), Blink §5's serving metrics, and vLLM's metric definitions:
 
     TTFT   request sent -> first streamed token                    (per request)
     TPOT   (E2E - TTFT) / (output tokens - 1): decode time per token, the first token excluded
@@ -39,12 +39,16 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import httpx
 import numpy as np
 
-from ..serve.subprocess_server import ServerProcess, running_server
-from .results import RESULTS_DIR, print_table, write_results
-from .workloads import PromptBuilder, WorkItem, arrival_times, fixed_lengths, lognormal_lengths
+from .. import latency
+from ..sim.workload import arrival_times, fixed_lengths, lognormal_lengths
+from .prompts import PromptBuilder, WorkItem
+from .cli import bench_parser
+from .results import print_table, results_dir, write_results
+
+# httpx (the [dev] extra) is imported where a request is sent, not here: --help and the metric
+# definitions work on the base install.
 
 MODEL_CONTEXT = 512  # blink-edu-7m; /v1/models tells the truth when a server is up
 
@@ -82,32 +86,17 @@ class RequestResult:
 
 
 def tpot(r: RequestResult) -> float | None:
-    """Time per output token after the first: (E2E - TTFT) / (n - 1); None for n < 2."""
-    if not r.ok or r.output_tokens < 2:
+    """Time per output token after the first: (E2E - TTFT) / (n - 1) (``latency.tpot``);
+    None for n < 2."""
+    if not r.ok:
         return None
-    return (r.e2e - r.ttft) / (r.output_tokens - 1)
-
-
-def gaps(times: list[float]) -> list[float]:
-    """Inter-token latencies: each gap between successive chunk arrival times."""
-    return [b - a for a, b in zip(times, times[1:])]
-
-
-def stats_ms(values: list[float]) -> dict:
-    """mean / median / p99 in milliseconds (None where there is nothing to measure)."""
-    if not values:
-        return {"mean": None, "median": None, "p99": None}
-    a = np.asarray(values, dtype=float) * 1e3
-    return {"mean": float(a.mean()), "median": float(np.median(a)),
-            "p99": float(np.percentile(a, 99))}
+    return latency.tpot(r.ttft, r.e2e, r.output_tokens)
 
 
 def meets_slo(r: RequestResult, ttft_slo_s: float, tpot_slo_s: float) -> bool:
-    """Both SLOs; a one-token answer has no TPOT and meets that SLO trivially (as vLLM)."""
-    if not r.ok or r.ttft > ttft_slo_s:
-        return False
-    t = tpot(r)
-    return t is None or t <= tpot_slo_s
+    """Both SLOs (``latency``): a one-token answer has no TPOT and meets that one trivially."""
+    return (r.ok and latency.meets_ttft(r.ttft, ttft_slo_s)
+            and latency.meets_tpot(tpot(r), True, tpot_slo_s))
 
 
 def summarize(results: list[RequestResult], duration_s: float, ttft_slo_s: float,
@@ -130,7 +119,7 @@ def summarize(results: list[RequestResult], duration_s: float, ttft_slo_s: float
                          ("tpot", [t for t in map(tpot, done) if t is not None]),
                          ("itl", [g for r in done for g in r.itl]),
                          ("e2e", [r.e2e for r in done])):
-        for k, v in stats_ms(values).items():
+        for k, v in latency.stats_ms(values).items():
             summary[f"{k}_{name}_ms"] = v
     return summary
 
@@ -138,10 +127,13 @@ def summarize(results: list[RequestResult], duration_s: float, ttft_slo_s: float
 # --- one streamed request ----------------------------------------------------------------------
 
 
-async def stream_request(client: httpx.AsyncClient, base_url: str, item: WorkItem, t0: float,
+async def stream_request(client, base_url: str, item: WorkItem, t0: float,
                          model: str | None, temperature: float, headers: dict,
                          timeout_s: float) -> RequestResult:
-    """POST one streaming completion and time its chunks (perf_counter, from ``t0``)."""
+    """POST one streaming completion on ``client`` (an ``httpx.AsyncClient``) and time its
+    chunks (perf_counter, from ``t0``)."""
+    import httpx
+
     r = RequestResult(item.index, item.prompt_len, item.output_len)
     body = {"prompt": item.prompt, "max_tokens": item.output_len, "stream": True,
             "ignore_eos": True, "temperature": temperature,
@@ -195,6 +187,7 @@ async def run_rate(base_url: str, items: list[WorkItem], times: list[float], *, 
                    headers, timeout_s: float, max_concurrency: int | None, label: str
                    ) -> tuple[list[RequestResult], float]:
     """Send ``items[i]`` at ``times[i]`` seconds from now; (results, duration in seconds)."""
+    import httpx
     from tqdm import tqdm
 
     limits = httpx.Limits(max_connections=max(len(items), 1) + 4, max_keepalive_connections=32)
@@ -222,11 +215,15 @@ async def run_rate(base_url: str, items: list[WorkItem], times: list[float], *, 
 
 def wait_idle(base_url: str, timeout_s: float = 30.0) -> dict | None:
     """Wait (bounded) until every ring slot is EMPTY and no KV block is used; /health's body."""
+    from ..serve.subprocess_server import ServerProcess
+
     return ServerProcess(None, base_url, None).wait_idle(timeout_s)
 
 
 def server_histograms(base_url: str) -> dict:
     """The server's own TTFT / ITL / E2E histogram sums and counts from /metrics."""
+    import httpx
+
     try:
         text = httpx.get(f"{base_url}/metrics", timeout=5).text
     except httpx.HTTPError:
@@ -307,6 +304,8 @@ def single_stream(base_url: str, builder: PromptBuilder, args, headers) -> dict:
 
 
 def benchmark(base_url: str, args, server_log: Path | None) -> dict:
+    import httpx
+
     from ..model.bundled import resolve_model_dir
     from ..model.tokenizer import Tokenizer
 
@@ -423,8 +422,7 @@ def plot(summary: dict, out_dir: Path) -> list[Path]:
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python -m blink_edu.bench.serve",
-                                description=__doc__.split("\n\n")[0])
+    p = bench_parser("serve", __doc__)
     target = p.add_argument_group("the server")
     target.add_argument("--base-url", default=None, help="an existing server, e.g. http://127.0.0.1:8000")
     target.add_argument("--start-server", action="store_true",
@@ -434,40 +432,45 @@ def parse_args(argv=None) -> argparse.Namespace:
     target.add_argument("--kv-blocks", type=int, default=None, help="passed to the started server")
     target.add_argument("--ring-slots", type=int, default=None, help="passed to the started server")
     target.add_argument("--max-queue", type=int, default=None, help="passed to the started server")
-    target.add_argument("--api-key", default=None)
+    target.add_argument("--api-key", default=None, help="sent as a Bearer token")
     target.add_argument("--model", default=None, help="`model` sent in each request (default: none)")
     target.add_argument("--tokenizer", default=None, help="model folder (default: the bundled one)")
     load = p.add_argument_group("the load")
-    load.add_argument("--num-prompts", type=int, default=24)
+    load.add_argument("--num-prompts", type=int, default=24, help="requests per rate")
     load.add_argument("--request-rates", default="1,2,4,inf",
                       help="comma-separated requests/s; 'inf' = all at once; 'none' = skip")
     load.add_argument("--burstiness", type=float, default=1.0,
                       help="Gamma shape of the gaps: 1 = Poisson, < 1 burstier")
-    load.add_argument("--max-concurrency", type=int, default=None)
-    load.add_argument("--seed", type=int, default=0)
+    load.add_argument("--max-concurrency", type=int, default=None,
+                      help="requests in flight at most (default: no limit)")
+    load.add_argument("--seed", type=int, default=0, help="the workload's seed")
     load.add_argument("--input-len", type=int, default=None, help="fixed prompt length (tokens)")
     load.add_argument("--output-len", type=int, default=None, help="fixed output length (tokens)")
     load.add_argument("--input-mean", type=float, default=128.0, help="log-normal prompt mean")
-    load.add_argument("--input-sigma", type=float, default=0.7)
+    load.add_argument("--input-sigma", type=float, default=0.7, help="log-normal prompt sigma")
     load.add_argument("--output-mean", type=float, default=64.0, help="log-normal output mean")
-    load.add_argument("--output-sigma", type=float, default=0.7)
-    load.add_argument("--temperature", type=float, default=0.0)
+    load.add_argument("--output-sigma", type=float, default=0.7, help="log-normal output sigma")
+    load.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
     load.add_argument("--warmup", type=int, default=2, help="unmeasured requests first")
-    load.add_argument("--request-timeout", type=float, default=120.0)
+    load.add_argument("--request-timeout", type=float, default=120.0, help="seconds per request")
     load.add_argument("--rate-timeout", type=float, default=900.0, help="seconds per rate at most")
     slo = p.add_argument_group("SLOs and single-stream")
-    slo.add_argument("--goodput-ttft-ms", type=float, default=300.0)
-    slo.add_argument("--goodput-tpot-ms", type=float, default=50.0)
+    slo.add_argument("--goodput-ttft-ms", type=float, default=300.0, help="goodput's TTFT SLO")
+    slo.add_argument("--goodput-tpot-ms", type=float, default=50.0, help="goodput's TPOT SLO")
     slo.add_argument("--single-stream", action="store_true",
                      help="also time requests one at a time (TTFT, decode tokens/s)")
-    slo.add_argument("--single-stream-requests", type=int, default=5)
-    slo.add_argument("--single-stream-input", type=int, default=64)
-    slo.add_argument("--single-stream-output", type=int, default=128)
-    slo.add_argument("--accept-tokens-per-s", type=float, default=30.0)
-    slo.add_argument("--accept-ttft-ms", type=float, default=300.0)
+    slo.add_argument("--single-stream-requests", type=int, default=5,
+                     help="requests of the single-stream run")
+    slo.add_argument("--single-stream-input", type=int, default=64,
+                     help="its prompt tokens")
+    slo.add_argument("--single-stream-output", type=int, default=128,
+                     help="its output tokens")
+    slo.add_argument("--accept-tokens-per-s", type=float, default=30.0,
+                     help="single stream: the decode speed that passes")
+    slo.add_argument("--accept-ttft-ms", type=float, default=300.0,
+                     help="single stream: the median TTFT that passes")
     p.add_argument("--name", default="serve", help="results file name")
-    p.add_argument("--out", default=None, help="results folder (default bench/results)")
-    p.add_argument("--no-plots", action="store_true")
+    p.add_argument("--no-plots", action="store_true", help="no PNG figures")
     p.add_argument("--machine-label", default=None, help="default: the backend's device, or 'cpu, N cores'")
     args = p.parse_args(argv)
     if bool(args.base_url) == bool(args.start_server):
@@ -495,8 +498,10 @@ def machine_label() -> str:
 
 def main(argv=None) -> int:
     args = parse_args(argv)
-    out_dir = Path(args.out or os.environ.get("BLINK_EDU_RESULTS_DIR") or RESULTS_DIR)
+    out_dir = results_dir(args.out)
     if args.start_server:
+        from ..serve.subprocess_server import running_server
+
         with tempfile.TemporaryDirectory() as tmp, running_server(Path(tmp), *server_flags(args)) as server:
             url, log = server.url, server.log
             result = benchmark(url, args, log)

@@ -8,28 +8,30 @@ request rate for every scheduling policy (SuperInfer §5, Figures of attainment 
 
 ``--sim`` runs ``blink_edu.sim`` (the same policy objects as the engine, against a cost model)
 for every policy over the preset's rates, one seeded workload per rate replayed for every policy
-(DESIGN.md §9), prints a table, plots attainment against rate (``slo_attainment.png``) and writes
-``bench/results/slo.json`` whose ``summary`` holds ``lvf_minus_fcfs_ttft_attainment_pts`` and
+(docs/design.md §9), prints a table, plots attainment against rate (``slo_attainment.png``) and writes
+``slo.json`` (in the results folder, ``--out``) whose ``summary`` holds ``lvf_minus_fcfs_ttft_attainment_pts`` and
 ``lvf_minus_fcfs_tbt_attainment_pts`` at the most pressured rate where FCFS still completes (every
 request done within ``drain_s`` of the last arrival; see ``sim.sweep.headline``).
 
-``--real`` runs the policies on the real engine (``bench/slo_real.py``: the bundled model, a KV
+``--real`` runs the policies on the real engine (``slo_real.py``: the bundled model, a KV
 pool small enough to force rotation, the step-time model calibrated on this machine) and the
 simulator's prediction of the same run beside it; it adds ``raw["real"]`` and
-``sim_vs_real_error`` to ``slo.json``, keeping the simulator part already there.
+``sim_vs_real_error`` to ``slo.json``, keeping the simulator part already there. Each part keeps
+the machine and commit it was measured at (``sections``; ``results.py``).
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 
 from ..sched.policies import POLICIES
 from ..sim.presets import PRESETS, get_preset
 from ..sim.sweep import headline, sweep
-from .results import RESULTS_DIR, print_table, write_results
+from .cli import bench_parser
+from .results import (print_table, provenance, read_results, results_dir,
+                      section_provenance, write_results)
 
 COLUMNS = ["rate", "policy", "ttft_attainment_pct", "tbt_attainment_pct", "p99_ttft_ms",
            "p99_tbt_ms", "median_tpot_ms", "preemptions", "finished", "completed"]
@@ -44,18 +46,18 @@ def is_real_key(key: str) -> bool:
 def run_real(args) -> dict:
     from .slo_real import run_real_experiment
 
-    cfg, raw, summary = run_real_experiment(args)
-    out_dir = Path(args.out or RESULTS_DIR)
-    path = out_dir / "slo.json"
-    previous = json.loads(path.read_text()) if path.exists() else {}
+    cfg, raw, summary = run_real_experiment(args.real_run)
+    previous = read_results("slo", args.out)
     config = {**previous.get("config", {}), "real": cfg}
     merged_raw = {**previous.get("raw", {}), "real": raw}
     kept = {k: v for k, v in previous.get("summary", {}).items() if not is_real_key(k)}
-    merged_summary = {**kept, **summary}
-    path = write_results("slo", config, merged_raw, merged_summary, out_dir=out_dir)
+    sections = {"real": provenance()}
+    if "sim" in previous.get("raw", {}):  # the simulator's part, measured by an earlier run
+        sections["sim"] = section_provenance(previous, "sim")
+    path = write_results("slo", config, merged_raw, {**kept, **summary}, args.out, sections)
     print(f"sim_vs_real_error (largest relative error of mean TTFT / TPOT): "
           f"{summary['sim_vs_real_error']:.1%}; wrote {path}")
-    return merged_summary
+    return {**kept, **summary}
 
 
 def plot(results: dict, preset_name: str, out_dir: Path, ttft_slo_s: float,
@@ -90,11 +92,10 @@ def run_sim(args) -> dict:
     print_table(rows, COLUMNS)
     summary = headline(results) if {"lvf", "fcfs"} <= set(policies) else {}
     summary["sim_vs_real_error"] = None  # until a real run (--real) is recorded
-    out_dir = Path(args.out or RESULTS_DIR)
-    previous = out_dir / "slo.json"
-    if previous.exists():  # keep a real-engine part measured earlier (--real)
-        old = json.loads(previous.read_text())
-        summary.update({k: v for k, v in old.get("summary", {}).items() if is_real_key(k)})
+    out_dir = results_dir(args.out)
+    previous = read_results("slo", out_dir)
+    # keep a real-engine part measured earlier (--real), with its own provenance
+    summary.update({k: v for k, v in previous.get("summary", {}).items() if is_real_key(k)})
     out_dir.mkdir(parents=True, exist_ok=True)
     if not args.no_plot:
         summary["plot"] = plot(results, preset.name, out_dir, config.ttft_slo_s,
@@ -103,9 +104,11 @@ def run_sim(args) -> dict:
            "rates": rates, "policies": policies, "seed": args.seed,
            "num_requests": args.num_requests or preset.num_requests}
     raw = {"sim": {p: {str(r): s for r, s in d.items()} for p, d in results.items()}}
-    if previous.exists() and "real" in old.get("raw", {}):
-        raw["real"], cfg["real"] = old["raw"]["real"], old["config"].get("real")
-    path = write_results("slo", cfg, raw, summary, out_dir=out_dir)
+    sections = {"sim": provenance()}
+    if "real" in previous.get("raw", {}):
+        raw["real"], cfg["real"] = previous["raw"]["real"], previous["config"].get("real")
+        sections["real"] = section_provenance(previous, "real")
+    path = write_results("slo", cfg, raw, summary, out_dir, sections)
     print(f"headline (rate {summary.get('headline_rate')}): LVF - FCFS TTFT attainment "
           f"{_pts(summary.get('lvf_minus_fcfs_ttft_attainment_pts'))}, TBT attainment "
           f"{_pts(summary.get('lvf_minus_fcfs_tbt_attainment_pts'))}; rates meeting the "
@@ -144,21 +147,23 @@ def positive_int(text: str) -> int:
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-    ap = argparse.ArgumentParser(prog="python -m blink_edu.bench.slo",
-                                 description=__doc__.splitlines()[0])
+    ap = bench_parser("slo", __doc__)
     mode = ap.add_mutually_exclusive_group(required=True)
     mode.add_argument("--sim", action="store_true", help="the simulator at the preset's scale")
     mode.add_argument("--real", action="store_true",
                       help="the engine on this machine, beside the simulator's prediction")
-    ap.add_argument("--preset", default="qwen2.5-32b-gh200", choices=list(PRESETS))
+    ap.add_argument("--preset", default="qwen2.5-32b-gh200", choices=list(PRESETS),
+                    help="--sim: the simulated model and machine")
     ap.add_argument("--rates", type=parse_rates, default=None,
-                    help="req/s, comma-separated; with --real also 'auto' (the simulator picks)")
+                    help="req/s, comma-separated; with --real also 'auto' (the simulator picks) "
+                         "(default: the preset's; --real: 12,24)")
     ap.add_argument("--policies", type=lambda s: s.split(","), default=None,
-                    help=f"comma-separated, from {', '.join(POLICIES)}")
-    ap.add_argument("--num-requests", type=positive_int, default=None)
-    ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--out", default=None, help="results folder (default bench/results)")
-    ap.add_argument("--no-plot", action="store_true")
+                    help=f"comma-separated, from {', '.join(POLICIES)} (default: all; --real: "
+                         f"fcfs,lvf)")
+    ap.add_argument("--num-requests", type=positive_int, default=None,
+                    help="requests per rate (default: the preset's; --real: 40)")
+    ap.add_argument("--seed", type=int, default=0, help="the workload's seed")
+    ap.add_argument("--no-plot", action="store_true", help="no slo_attainment.png")
     ap.add_argument("--executor", default=None,
                     help="--real: reference (CPU) or graph (GPU); default: the backend's")
     ap.add_argument("--kv-blocks", type=positive_int, default=384,
@@ -172,11 +177,12 @@ def parse_args(argv=None) -> argparse.Namespace:
                          "KV pool holds at once, at least 24)")
     ap.add_argument("--transfer-budget", type=parse_budget, default=None,
                     help="--real: RotaSched's B_xfer in blocks per iteration, or 'auto': the "
-                         "simulator, calibrated on this machine, picks it with the rates")
+                         "simulator, calibrated on this machine, picks it with the rates "
+                         "(default: auto)")
     ap.add_argument("--decision-interval", type=parse_budget, default=None,
                     help="--real: RotaSched policies decide every N iterations, or 'auto': the "
-                         "simulator picks N with the budget and the rates")
-    ap.add_argument("--no-progress", action="store_true")
+                         "simulator picks N with the budget and the rates (default: auto)")
+    ap.add_argument("--no-progress", action="store_true", help="no progress bar")
     args = ap.parse_args(argv)
     for name in args.policies or ():
         if name not in POLICIES:
@@ -189,21 +195,12 @@ def parse_args(argv=None) -> argparse.Namespace:
         ap.error("--decision-interval is for --real (--sim decides every iteration, as the "
                  "paper)")
     if args.real:
-        from ..engine.llm_engine import default_executor
-        from .slo_real import blocks_for_longest_request, calibration_burst_size
+        from .slo_real import RealRunConfig
 
-        if args.kv_blocks < blocks_for_longest_request():
-            ap.error(f"--kv-blocks {args.kv_blocks}: the workload's longest request needs "
-                     f"{blocks_for_longest_request()} blocks of 16 tokens")
-
-        args.executor = args.executor or default_executor()
-        args.rates = args.rates or [12.0, 24.0]
-        args.policies = args.policies or ["fcfs", "lvf"]
-        args.num_requests = args.num_requests or 40
-        args.calibration_requests = (args.calibration_requests
-                                     or calibration_burst_size(args.kv_blocks, args.max_num_seqs))
-        args.transfer_budget = args.transfer_budget or "auto"
-        args.decision_interval = args.decision_interval or "auto"
+        try:
+            args.real_run = RealRunConfig.from_args(args)
+        except ValueError as err:
+            ap.error(str(err))
     return args
 
 

@@ -1,6 +1,6 @@
 """The engine: requests in, one step at a time, tokens out.
 
-DESIGN.md §2 (the eager/graph executors' host loop: "a Python loop launches every kernel of every
+docs/design.md §2 (the eager/graph executors' host loop: "a Python loop launches every kernel of every
 step"); nano-vllm's ``LLMEngine``. This host-driven loop is exactly what Blink takes off the CPU:
 
     while engine.has_unfinished():
@@ -26,10 +26,10 @@ from typing import NamedTuple
 
 import numpy as np
 
-from ..backend import get_backend
-from ..config import PERSISTENT_EXECUTORS, EngineConfig, SamplingParams
+from ..config import PERSISTENT_EXECUTORS, EngineConfig, SamplingParams, resolve_executor
 from ..kv.rotation import make_rotation_engine
 from ..model.weights import ModelWeights, load_weights
+from .executor import Executor
 from .reference_executor import ReferenceExecutor
 from .scheduler import Scheduler
 from .sequence import Sequence
@@ -44,13 +44,6 @@ def kernel_weight_dtype(weights: ModelWeights, engine_config: EngineConfig):
     return np.dtype(choice)
 
 
-def default_executor() -> str:
-    """``auto`` for ``LLMEngine`` (which drives steps from the host): the CUDA-graph executor on
-    a GPU; the NumPy reference on a CPU, where the kernels would run in the (far too slow for
-    serving) simulator."""
-    return "reference" if get_backend().is_simulator else "graph"
-
-
 def make_scheduling_policy(name: str):
     """None for "fcfs" (the scheduler's built-in FCFS), else the sched/ policy object."""
     if name == "fcfs":
@@ -60,23 +53,11 @@ def make_scheduling_policy(name: str):
     return make_policy(name)
 
 
-def resolve_executor(name: str, policy: str = "fcfs") -> str:
-    """``auto`` for a server, which serves a ring: the persistent scheduler kernel on a GPU
-    (Blink's design), the NumPy reference on a CPU. The persistent kernel reserves each request's
-    KV blocks at admission and never preempts, so a scheduling policy other than FCFS runs on
-    the host-driven graph executor instead."""
-    if name != "auto":
-        return name
-    if get_backend().is_simulator:
-        return "reference"
-    return "persistent" if policy == "fcfs" else "graph"
-
-
-def make_executor(name: str, weights: ModelWeights, engine_config: EngineConfig):
-    """Build the executor called ``name`` (``EngineConfig.executor``). Every executor owns a KV
-    pool of ``engine_config.num_kv_blocks`` blocks and has ``step(batch) -> (S,) int32`` sampled
-    tokens and a ``name``."""
-    name = default_executor() if name == "auto" else name
+def make_executor(name: str, weights: ModelWeights, engine_config: EngineConfig) -> Executor:
+    """Build the host-driven executor called ``name`` (``EngineConfig.executor``; ``auto`` as
+    ``config.resolve_executor`` decides). Each owns a KV pool of ``engine_config.num_kv_blocks``
+    blocks and is an ``Executor`` (``executor.py``)."""
+    name = resolve_executor(name, engine_config.policy)
     if name == "reference":
         return ReferenceExecutor(weights, engine_config.num_kv_blocks, engine_config.block_size)
     if name in ("eager", "graph"):
@@ -114,7 +95,7 @@ class EngineStats:
 
 class LLMEngine:
     def __init__(self, weights_or_folder: ModelWeights | str | Path,
-                 engine_config: EngineConfig | None = None, executor=None,
+                 engine_config: EngineConfig | None = None, executor: Executor | None = None,
                  eos_token_ids: tuple[int, ...] | None = None):
         """``executor``: an already built executor (same num_kv_blocks and block_size as the
         config) instead of ``make_executor(engine_config.executor, ...)``. ``eos_token_ids``:
@@ -123,10 +104,7 @@ class LLMEngine:
                         else load_weights(weights_or_folder))
         model = self.weights.config
         self.config = engine_config or EngineConfig()
-        self.max_model_len = self.config.max_model_len or model.max_position_embeddings
-        if self.max_model_len > model.max_position_embeddings:
-            raise ValueError(f"max_model_len={self.max_model_len} exceeds the model's "
-                             f"max_position_embeddings={model.max_position_embeddings}")
+        self.max_model_len = self.config.max_model_len_for(model)
         self.executor = (executor if executor is not None
                          else make_executor(self.config.executor, self.weights, self.config))
         eos = model.eos_token_ids if eos_token_ids is None else eos_token_ids
@@ -141,13 +119,9 @@ class LLMEngine:
     def make_rotation_engine(self, eager: bool = True, delay: int = 0):
         """DuplexKV over the executor's KV pool and the scheduler's block manager
         (``kv/rotation.py``); ``delay``: copies land that many steps late (NumPy pool only)."""
-        pool = getattr(self.executor, "kv_pool", None)
-        if pool is None:
-            raise ValueError(f"executor {getattr(self.executor, 'name', self.executor)!r} exposes "
-                             f"no kv_pool: preemption='rotate' needs one")
         host_blocks = self.config.num_host_kv_blocks or 2 * self.config.num_kv_blocks
-        return make_rotation_engine(self.scheduler.block_manager, pool, host_blocks,
-                                    compute_stream=getattr(self.executor, "compute_stream", None),
+        return make_rotation_engine(self.scheduler.block_manager, self.executor.kv_pool,
+                                    host_blocks, compute_stream=self.executor.compute_stream,
                                     eager=eager, delay=delay, transport=self.config.kv_transport)
 
     def add_request(self, prompt_token_ids, params: SamplingParams | None = None,

@@ -2,7 +2,7 @@
 
 SuperInfer §3 (RotaSched: every iteration -- here every ``decision_interval``-th, see
 ``Policy.decides_at`` -- decide who runs, who waits and who rotates out, by Virtual Lag Time)
-and DESIGN.md §6, §8 ("sched/ policies decide from plain numbers; they never call an
+and docs/design.md §6, §8 ("sched/ policies decide from plain numbers; they never call an
 executor"). The policy (``blink_edu.sched.policies``) sees plain numbers; this module is
 the glue between it and the engine's ``Scheduler``:
 

@@ -1,4 +1,4 @@
-"""The CPU executor: runs each step through the NumPy reference model (DESIGN.md §3).
+"""The CPU executor: runs each step through the NumPy reference model (docs/design.md §3).
 
 It is what ``generate`` and the server use on a machine without a GPU — the simulator would be far
 too slow for interactive use — and the oracle the kernel executors are compared with.
@@ -21,7 +21,11 @@ from .step import StepBatch
 
 
 class ReferenceExecutor:
+    """An ``Executor`` (``executor.py``) over the NumPy reference model."""
+
     name = "reference"
+    compute_stream = None  # NumPy: no stream to order KV copies against
+    buckets = None  # a step runs at its own shape: nothing captured, nothing padded
 
     def __init__(self, weights: ModelWeights, num_blocks: int, block_size: int = 16,
                  blas_threads: int = 1):

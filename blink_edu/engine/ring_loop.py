@@ -1,8 +1,9 @@
 """The engine's side of the ring: a host loop standing in for Blink's persistent GPU scheduler.
 
 Blink §3 ("Control loop: scan ring buffer -> claim via atomic CAS -> select/launch CUDA graph ->
-poll for completion -> publish tokens") and DESIGN.md §2. This is that loop in Python, driving an
-``LLMEngine``; issue 5 moves the same loop into a GPU kernel that never returns. One iteration:
+poll for completion -> publish tokens") and docs/design.md §2. This is that loop in Python, driving an
+``LLMEngine``; the persistent executor (``persistent_kernel.py``) runs the same loop in a GPU
+kernel that never returns. One iteration:
 
     heartbeat += 1
     if doorbell moved:  scan PREFILL_PENDING slots, oldest arrival first;

@@ -1,6 +1,6 @@
 """The scheduler: who runs this step, how many tokens each, and what happens to their tokens.
 
-DESIGN.md §2 ("step = model forward over a flat batch of tokens (prefill chunks + decodes)") and
+docs/design.md §2 ("step = model forward over a flat batch of tokens (prefill chunks + decodes)") and
 §6 (FCFS with passive preemption by recompute, the baseline SuperInfer's RotaSched improves on);
 Blink §3 ("FCFS scheduling ... continuous batching with inline prefill"); nano-vllm's and vLLM
 v1's schedulers. Pure Python: it decides and keeps books, it never runs the model.

@@ -1,6 +1,6 @@
 """A sequence: one request's tokens, its progress through the KV cache, and its life cycle.
 
-DESIGN.md §2 (the path of a request; Blink §3's slot states); nano-vllm's ``Sequence``.
+docs/design.md §2 (the path of a request; Blink §3's slot states); nano-vllm's ``Sequence``.
 
 A sequence holds its prompt and the tokens generated so far. The scheduler moves it between
 states, which mirror the ring-buffer slot states of Blink §3:

@@ -1,6 +1,6 @@
 """One engine step, as plain arrays: the contract between the scheduler and every executor.
 
-DESIGN.md §2. The scheduler decides *what* runs this step and packs it into a ``StepBatch``:
+docs/design.md §2. The scheduler decides *what* runs this step and packs it into a ``StepBatch``:
 a flat batch of tokens (prefill chunks and decode tokens of several sequences, mixed), each
 sequence's block table, and how each sequence samples. An executor — the NumPy reference, eager
 kernel launches, replayed CUDA graphs, or a persistent kernel — runs the model over it and returns
@@ -15,15 +15,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..config import SamplingParams
-
-
-def padded_step_shape(num_seqs: int, num_tokens: int) -> tuple[int, int]:
-    """(S_b, T_b): the shape the eager and graph executors run a step of ``num_seqs`` sequences
-    and ``num_tokens`` tokens at (``kernel_executor.BucketTable``, one CUDA graph per shape):
-    each rounded up to a power of two, and at least as many tokens as sequences."""
-    s_b = 1 << max(num_seqs - 1, 0).bit_length()
-    return s_b, max(s_b, 1 << max(num_tokens - 1, 0).bit_length())
+from ..config import SamplingParams, padded_step_shape  # noqa: F401 (the executors' import)
 
 
 @dataclass

@@ -1,6 +1,6 @@
 """The block manager: which KV blocks each sequence owns, and the state of every block.
 
-DESIGN.md §2 and §6; vLLM's PagedAttention block tables; SuperInfer §4 (Dirty/Synced).
+docs/design.md §2 and §6; vLLM's PagedAttention block tables; SuperInfer §4 (Dirty/Synced).
 Plain Python and NumPy — no GPU — so it can be tested and reasoned about anywhere.
 
 A sequence of ``n`` tokens owns ``ceil(n / B)`` blocks, listed in order in its *block table*.

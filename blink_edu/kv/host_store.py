@@ -1,6 +1,6 @@
 """The host side of the KV cache: a pinned arena of KV blocks in CPU memory (DuplexKV's backing store).
 
-SuperInfer §4 (DuplexKV) and DESIGN.md §6. Blocks rotated out of the GPU, and the eager copies of
+SuperInfer §4 (DuplexKV) and docs/design.md §6. Blocks rotated out of the GPU, and the eager copies of
 full (SYNCED) blocks, land here. The arena has the pool's block shape, host-block-first::
 
     host[h, layer, k_or_v, slot_in_block, kv_head, head_dim]     (H, L, 2, B, K, E)

@@ -1,6 +1,6 @@
 """The KV pool: every layer's keys and values, cut into fixed-size blocks, block-first.
 
-DESIGN.md §6, SuperInfer §4 (DuplexKV's block-first layout). The pool is one array
+docs/design.md §6, SuperInfer §4 (DuplexKV's block-first layout). The pool is one array
 
     kv[block, layer, k_or_v, slot_in_block, kv_head, head_dim]   (N, L, 2, B, K, E)
 

@@ -1,6 +1,6 @@
 """The rotation engine (DuplexKV): moving requests' KV cache between GPU and host memory.
 
-SuperInfer §4 (DuplexKV: eager block rotation, batched full-duplex transfers) and DESIGN.md §6.
+SuperInfer §4 (DuplexKV: eager block rotation, batched full-duplex transfers) and docs/design.md §6.
 Under memory pressure a scheduler *rotates out* a running request -- its KV blocks go to host
 memory, its GPU blocks to other requests -- and later *rotates it in* again; it then continues
 with exactly the tokens it would have produced. This module is the mechanism; the scheduler (or a

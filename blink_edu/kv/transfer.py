@@ -1,6 +1,6 @@
 """Copy engines: moving KV blocks between the GPU pool and the host arena, in batches.
 
-SuperInfer §4 (DuplexKV: layout transformation + batched transfer, full duplex) and DESIGN.md §6.
+SuperInfer §4 (DuplexKV: layout transformation + batched transfer, full duplex) and docs/design.md §6.
 The rotation engine (``rotation.py``) decides *which* blocks move; a transport moves them. All
 transports have one interface::
 

@@ -1,6 +1,6 @@
 """Which model to run when none is named: the project's own, bundled in the repository's ``data/``.
 
-Issue 3 / ``data/README.md`` (the model card). Resolution order: an explicit folder, then the
+``data/README.md`` is its model card. Resolution order: an explicit folder, then the
 ``BLINK_EDU_MODEL`` environment variable, then ``data/`` beside the package (a source checkout,
 including ``pip install -e .``). The result must be a Hugging Face model folder.
 """

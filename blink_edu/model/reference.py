@@ -1,6 +1,6 @@
 """The NumPy reference model: one forward pass over a flat batch of tokens, with a paged KV cache.
 
-DESIGN.md §2–3. This is the *oracle*: every GPU kernel is tested against it, and it is tested
+docs/design.md §2–3. This is the *oracle*: every GPU kernel is tested against it, and it is tested
 against Hugging Face ``transformers``. It is also the compute path of the server on a machine
 without a GPU. It is written for clarity: vectorised NumPy, float32, a shape comment on every
 tensor. Letters: T tokens in the flat batch, D hidden, H query heads, K kv heads, E head dim,

@@ -461,6 +461,16 @@ class Tokenizer:
 # ----------------------------------------------------------------------------------------------
 
 
+def stop_ids(folder, tokenizer: Tokenizer | None = None) -> tuple[int, ...]:
+    """The ids that end a request unless it sets ``ignore_eos``: the model config's EOS ids
+    (``config.json``) and the tokenizer's, together, de-duplicated. ``tokenizer``: the folder's,
+    if already loaded."""
+    from ..config import ModelConfig
+
+    tokenizer = tokenizer or Tokenizer.from_folder(folder)
+    return tuple(dict.fromkeys(ModelConfig.from_folder(folder).eos_token_ids + tokenizer.eos_ids))
+
+
 class IncrementalDetokenizer:
     """Streams text from token ids pushed one at a time (prefix/read-offset algorithm, see top).
 

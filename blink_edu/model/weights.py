@@ -1,6 +1,6 @@
 """Weights: read a Hugging Face checkpoint (``model.safetensors`` or a sharded index) into NumPy.
 
-DESIGN.md §3 and §8. A safetensors file is an 8-byte little-endian header length, a JSON header
+docs/design.md §3 and §8. A safetensors file is an 8-byte little-endian header length, a JSON header
 (``{name: {dtype, shape, data_offsets}}``) and then the raw tensor bytes, so loading is a
 memory-map plus a reshape. The ``safetensors`` library reads every dtype NumPy knows; NumPy has no
 bfloat16, so bf16 tensors are read from their raw bytes (a bf16 number is the top 16 bits of a

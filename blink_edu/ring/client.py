@@ -1,7 +1,7 @@
 """The frontend's side of the ring: submit a request, poll its tokens, cancel it, release its slot.
 
 Blink §3 (the DPU "finds a slot (local cache + circular scan)", writes the prompt into it, and
-polls the slot for generated tokens) and DESIGN.md §2, §8: ``serve/`` reaches the engine only
+polls the slot for generated tokens) and docs/design.md §2, §8: ``serve/`` reaches the engine only
 through this client. Safe to use from several threads, and from several processes attached to the
 same ring: slots are reserved with ``Ring.cas`` (EMPTY -> FILLING), so no two frontends ever
 write the same slot.

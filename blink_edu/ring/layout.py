@@ -1,7 +1,7 @@
 """The ring buffer: N request slots in one shared buffer, each owned by whoever its state says.
 
 Blink §3 ("Communication: GPU-resident lock-free ring buffer with per-slot state machine") and
-DESIGN.md §2. The frontend (Blink's DPU) and the engine (Blink's persistent GPU scheduler) never
+docs/design.md §2. The frontend (Blink's DPU) and the engine (Blink's persistent GPU scheduler) never
 call each other: they meet only here. Each slot carries one request — its prompt, its sampling
 parameters, and the tokens generated so far — and one *state word* saying who owns the slot now:
 
@@ -25,7 +25,7 @@ slot before writing its payload (otherwise two frontends could both fill the sam
 
 **Every state change is one compare-and-swap** (``Ring.cas``), so a slot can never be claimed
 twice: of two agents racing to move a slot out of a state, exactly one sees its expected value.
-On the GPU ``cas`` is ``cuda.atomic.compas`` on a device-memory word (issue 5); on the host it is
+On the GPU ``cas`` is ``cuda.atomic.compas`` on a device-memory word (the persistent kernel); on the host it is
 made atomic by a process-shared lock (``fcntl.flock`` on a lock file named after the shared-memory
 block, plus a ``threading.Lock`` because threads of one process share one open file and ``flock``
 would not exclude them from each other).
@@ -36,7 +36,7 @@ that word first and the payload after. A reader that sees the new word therefore
 payload. This needs the stores to become visible in program order: x86 guarantees that for
 ordinary stores (TSO), and each ``cas`` here also passes through a lock (a full barrier). Python
 itself gives no fence, so on a weakly ordered CPU (Arm) or across PCIe the plain stores would need
-a release fence — on the GPU that is ``st.release.sys`` / ``__threadfence_system`` (DESIGN §5).
+a release fence — on the GPU that is ``st.release.sys`` / ``__threadfence_system`` (docs/design.md §5).
 Aligned 32- and 64-bit loads and stores do not tear, so a reader never sees half a word.
 
 Memory: structure-of-arrays, one field after another (each aligned to a 64-byte cache line, so

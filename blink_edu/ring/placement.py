@@ -1,6 +1,6 @@
 """Where the ring lives for a GPU kernel: host memory mapped into the GPU's address space.
 
-Blink §3 (the ring the DPU writes and the GPU polls) and DESIGN.md §4 ("host <-> running
+Blink §3 (the ring the DPU writes and the GPU polls) and docs/design.md §4 ("host <-> running
 persistent kernel round trip: mapped host memory with ld.acquire.sys / st.release.sys, 2.7-3.0 µs
 median"). The frontend is an ordinary process with no CUDA at all: it writes the ring in shared
 memory with NumPy. The engine *registers* that same memory with the CUDA driver as mapped

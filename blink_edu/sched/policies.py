@@ -2,7 +2,7 @@
 
 SuperInfer §3 (RotaSched: the rotary state, Virtual Lag Time, Largest-VLT-First) and its
 baselines (§2 and §5: FCFS with passive preemption by recompute as in vLLM v1; the static offload
-policies Waiting-First and Swapped-First, the latter being vLLM v0's); DESIGN.md §6 and §8
+policies Waiting-First and Swapped-First, the latter being vLLM v0's); docs/design.md §6 and §8
 ("sched/ policies decide from plain numbers; they never call an executor").
 
 The interface
@@ -31,7 +31,7 @@ caller that wants fewer decisions counts its iterations and calls ``decide`` onl
 nobody is admitted, the newest running requests are preempted only if the others cannot grow.
 SuperInfer's policy is a sliver of its ~20 ms iteration; with our 1.5 ms step on the GPU,
 describing and ranking every request costs a fifth of the step, so ``bench.slo --real`` has the
-simulator choose an interval (DESIGN.md §6, issue #8).
+simulator choose an interval (docs/design.md §6; ``bench/slo_plan.py``).
 
 The promise a policy keeps (``check_decision`` verifies it; the simulator calls it every step):
 after its preemptions, the free blocks cover every admitted request's ``blocks_to_run`` plus the
@@ -346,7 +346,7 @@ POLICIES: dict[str, Callable[[RotaSchedConfig], Policy]] = {
 
 
 def make_policy(name: str, config: RotaSchedConfig | None = None) -> Policy:
-    """The policy called ``name`` (one of ``POLICIES``) with ``config`` (defaults: DESIGN.md §6)."""
+    """The policy called ``name`` (one of ``POLICIES``) with ``config`` (defaults: docs/design.md §6)."""
     try:
         cls = POLICIES[name]
     except KeyError:

@@ -1,6 +1,6 @@
 """Virtual Lag Time (VLT): how far each request lags behind its latency SLO.
 
-SuperInfer §3 (RotaSched: "Virtual Lag Time", an EEVDF-style lag per request); DESIGN.md §6.
+SuperInfer §3 (RotaSched: "Virtual Lag Time", an EEVDF-style lag per request); docs/design.md §6.
 A request is in one of three states, and each has its own lag:
 
     running   VLT = -(t_now - t_run)                               (<= 0: the longer it has run,
@@ -46,7 +46,7 @@ STATE_NAMES = {WAITING: "waiting", RUNNING: "running", ROTARY: "rotary"}
 
 @dataclass(frozen=True)
 class RotaSchedConfig:
-    """All RotaSched parameters (SuperInfer §3 defaults, DESIGN.md §6)."""
+    """All RotaSched parameters (SuperInfer §3 defaults, docs/design.md §6)."""
 
     alpha: float = 3.0  # weight of a rotary request's lag (>= 1: TBT is the tighter SLO)
     beta_f: float = 0.5  # a waiting request lags after beta_f * S_F seconds

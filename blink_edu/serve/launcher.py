@@ -10,7 +10,7 @@ The lifecycle of ``python -m blink_edu.serve``:
        ``drain_s`` seconds), then tell the engine to stop, wait for it, unlink the ring
 
 The frontend and the engine share nothing but the ring (its words carry the stop request and
-the engine's stats too, see ``engine_process.py``), so the same frontend could drive an engine in another process, on a
+the engine's stats too, see ``ring/control.py``), so the same frontend could drive an engine in another process, on a
 GPU, or — in Blink — a persistent kernel that polls the ring from device memory.
 """
 
@@ -24,12 +24,13 @@ from pathlib import Path
 import uvicorn
 
 from ..config import EngineConfig, ModelConfig
+from ..engine.process import run_engine
 from ..model.bundled import BUNDLED_DIR, resolve_model_dir
 from ..model.tokenizer import Tokenizer
 from ..ring.client import RingClient
+from ..ring.control import EngineStatsBoard, request_stop
 from ..ring.layout import Ring, RingLayout
 from .app import ServeSettings, create_app
-from .engine_process import EngineStatsBoard, request_stop, run_engine
 from .health import EngineWatch
 
 

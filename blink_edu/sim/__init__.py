@@ -1,4 +1,4 @@
-"""A discrete-event simulator for scheduling policies (DESIGN.md §8; SuperInfer §3–§5).
+"""A discrete-event simulator for scheduling policies (docs/design.md §8; SuperInfer §3–§5).
 
 ``costs`` (step and transfer time), ``presets`` (a model on a machine), ``workload`` (seeded
 Poisson / log-normal requests), ``simulator`` (the event loop running ``blink_edu.sched``

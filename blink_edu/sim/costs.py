@@ -1,6 +1,6 @@
 """Cost model of one serving step and of KV transfers, for the discrete-event simulator.
 
-DESIGN.md §4 (PCIe H200 copy bandwidth measured by this project) and §6 (SuperInfer Table 1:
+docs/design.md §4 (PCIe H200 copy bandwidth measured by this project) and §6 (SuperInfer Table 1:
 GH200 NVLink-C2C bandwidth for batched, block-first copies; DuplexKV's both-ways figures).
 
 * **step time** — a linear model of one forward pass over a flat batch:
@@ -26,7 +26,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..engine.step import padded_step_shape
+from ..config import padded_step_shape
 
 KiB, MiB, GB = 1024, 1024 ** 2, 1e9
 

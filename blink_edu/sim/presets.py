@@ -1,6 +1,6 @@
 """Simulator presets: a model on a machine — its step-time model, KV geometry, link and load.
 
-DESIGN.md §4 and §6; SuperInfer §5 (evaluation: Qwen2.5-32B on a GH200, ShareGPT). What each
+docs/design.md §4 and §6; SuperInfer §5 (evaluation: Qwen2.5-32B on a GH200, ShareGPT). What each
 figure rests on is written next to it; where the paper text we hold gives no number, the figure
 is derived from the hardware and the model's shape, and says so.
 
@@ -17,19 +17,19 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..bench.results import RESULTS_DIR
+from ..config import PUBLISHED_RESULTS_DIR
 from ..sched.vlt import RotaSchedConfig
 from .costs import GB, KiB, MiB, BandwidthCurve, CostModel, fit_linear, kv_block_bytes
 from .workload import LengthModel
 
 # --- links (one-way GB/s against copy size; both-ways total) ------------------------------------
 
-#: PCIe Gen5 x16 on the H200, pinned host memory (DESIGN.md §4, measured): 64 KiB 14–21 GB/s,
+#: PCIe Gen5 x16 on the H200, pinned host memory (docs/design.md §4, measured): 64 KiB 14–21 GB/s,
 #: 1 MiB 48–50, >= 8 MiB 54–55; both ways at once 95–100 total. Mid-points of the ranges.
 PCIE_H200 = BandwidthCurve(sizes_bytes=(64 * KiB, 1 * MiB, 8 * MiB), gbps=(17.5, 49.0, 54.5),
                            duplex_total_gbps=97.5)
 
-#: NVLink-C2C on the GH200 for block-first, batched copies (SuperInfer Table 1 via DESIGN.md §6):
+#: NVLink-C2C on the GH200 for block-first, batched copies (SuperInfer Table 1 via docs/design.md §6):
 #: a lone 64 KiB segment ~10 GB/s, merged 4 MiB blocks 80–134, batched copies (>= 8 MiB)
 #: 239–270 one way; both ways at once 181 + 179.
 C2C_GH200 = BandwidthCurve(sizes_bytes=(64 * KiB, 4 * MiB, 8 * MiB, 64 * MiB),
@@ -130,12 +130,12 @@ def qwen_gh200() -> Preset:
         max_num_batched_tokens=512, transfer_budget_blocks=2400, lengths=QWEN_LENGTHS,
         rates=(2.0, 2.5, 2.75, 3.0, 3.25, 3.5, 4.0), num_requests=300,
         sources={
-            "geometry": "SuperInfer §5 via DESIGN.md §6: 64 layers, 8 KV heads, head_dim 128, "
+            "geometry": "SuperInfer §5 via docs/design.md §6: 64 layers, 8 KV heads, head_dim 128, "
                         "16-token blocks -> 4 MiB per block",
             "kv_blocks": "derived: 0.9 x 96 GB - 65.6 GB bf16 weights - 4 GB activations",
             "step_time": "derived from the hardware (qwen32b_cost): not in the paper text we hold",
-            "link": "SuperInfer Table 1 via DESIGN.md §6 (batched 239-270 GB/s, duplex 181+179)",
-            "transfer_budget": "SuperInfer default B_xfer = 2400 blocks/iteration (DESIGN.md §6)",
+            "link": "SuperInfer Table 1 via docs/design.md §6 (batched 239-270 GB/s, duplex 181+179)",
+            "transfer_budget": "SuperInfer default B_xfer = 2400 blocks/iteration (docs/design.md §6)",
             "max_num_batched_tokens": "assumed: a chunked-prefill budget that keeps a mixed step "
                                       "under the 100 ms TBT SLO",
             "lengths": "assumed ShareGPT-like log-normal (see QWEN_LENGTHS)"})
@@ -152,7 +152,7 @@ def qwen_h200_pcie() -> Preset:
         cost=cost, num_gpu_blocks=blocks, max_num_seqs=256, max_num_batched_tokens=512,
         transfer_budget_blocks=budget, lengths=QWEN_LENGTHS,
         rates=(3.0, 4.0, 5.0, 6.0, 7.0, 8.0), num_requests=300,
-        sources={"link": "measured on this project's H200 (DESIGN.md §4)",
+        sources={"link": "measured on this project's H200 (docs/design.md §4)",
                  "kv_blocks": "derived: 0.9 x 141 GB - weights - 4 GB",
                  "step_time": "derived from the hardware (qwen32b_cost)",
                  "transfer_budget": "derived: blocks the link moves in one fixed step time"})
@@ -165,7 +165,7 @@ BUNDLED_BLOCK_BYTES = kv_block_bytes(num_layers=8, num_kv_heads=4, head_dim=32, 
                                      dtype_bytes=4)  # float32 KV pool = 128 KiB
 
 
-def bundled_step_model(results_dir: Path = RESULTS_DIR) -> tuple[float, float, str]:
+def bundled_step_model(results_dir: Path = PUBLISHED_RESULTS_DIR) -> tuple[float, float, str]:
     """(a, b, how) for the bundled model's graph-executor decode step on the H200.
 
     Calibrated from ``bench/results/decode.json``: its rows for the bundled model when it has
@@ -189,11 +189,11 @@ def bundled_step_model(results_dir: Path = RESULTS_DIR) -> tuple[float, float, s
             return (a * scale, b * scale,
                     f"decode.json[{key!r}] graph rows (SmolLM2-135M shape), fitted, scaled by "
                     f"layers x hidden^2 = {scale:.3f}: no bundled-model rows yet")
-    # Nothing measured: DESIGN.md §4's minimal torch + CUDA graph step for this very shape.
-    return 773e-6, 2e-6, "DESIGN.md §4 (773 us/step, 8 layers x hidden 256): no decode.json"
+    # Nothing measured: docs/design.md §4's minimal torch + CUDA graph step for this very shape.
+    return 773e-6, 2e-6, "docs/design.md §4 (773 us/step, 8 layers x hidden 256): no decode.json"
 
 
-def bundled_h200(results_dir: Path = RESULTS_DIR) -> Preset:
+def bundled_h200(results_dir: Path = PUBLISHED_RESULTS_DIR) -> Preset:
     a, b, how = bundled_step_model(results_dir)
     cost = CostModel(fixed_s=a, per_token_s=b, per_context_token_s=BUNDLED_BLOCK_BYTES / 16 / 4.3e12,
                      block_bytes=BUNDLED_BLOCK_BYTES, link=PCIE_H200)
@@ -209,8 +209,8 @@ def bundled_h200(results_dir: Path = RESULTS_DIR) -> Preset:
         tbt_slo_s=round(5 * a, 4), ttft_slo_s=round(250 * a, 3),
         sources={"slos": "scaled like the paper's to the step: S_B = 5 x fixed step (100 ms vs "
                          "~20 ms for Qwen2.5-32B), S_F = 50 x S_B (5 s vs 100 ms)",
-                 "step_time": how, "link": "measured PCIe (DESIGN.md §4)",
-                 "kv_pool": "assumed: small enough to force rotation (issue #8's real run)",
+                 "step_time": how, "link": "measured PCIe (docs/design.md §4)",
+                 "kv_pool": "assumed: small enough to force rotation (as in ``bench.slo --real``)",
                  "block_bytes": "8 layers x 2 x 16 x 4 KV heads x 32 x float32 = 128 KiB",
                  "per_context_token_s": "assumed: KV bytes at the H200's 4.3 TB/s copy bandwidth"})
 

@@ -1,7 +1,7 @@
 """A discrete-event simulator that runs the scheduling policies of ``blink_edu.sched`` against a
 cost model instead of a GPU.
 
-DESIGN.md §8 ("sim/: runs sched/ policies against a cost model") and SuperInfer §3–§5: the same
+docs/design.md §8 ("sim/: runs sched/ policies against a cost model") and SuperInfer §3–§5: the same
 policy objects that the engine calls decide every iteration from the same plain numbers
 (``StepView``); the simulator only replaces the forward pass and the copies by their cost.
 

@@ -1,7 +1,7 @@
 """Policies x request rates on one preset: the experiment behind SuperInfer §5's attainment curves.
 
 One seeded workload per rate (the same requests at every rate, only spaced differently), replayed
-for every policy (DESIGN.md §9); a run stops ``preset.drain_s`` after its last arrival.
+for every policy (docs/design.md §9); a run stops ``preset.drain_s`` after its last arrival.
 """
 
 from __future__ import annotations
@@ -44,7 +44,7 @@ def sweep(preset: Preset, rates: Iterable[float] | None = None,
 
 def headline(results: dict, target_ttft_pts: float = 30.0, target_tbt_pts: float = 5.0) -> dict:
     """LVF minus FCFS attainment (points) at the most pressured rate where FCFS still completes
-    (every request finished within the run's drain window), and the rates where the issue's
+    (every request finished within the run's drain window), and the rates where the
     target (TTFT >= +30 points, TBT within 5 points) holds."""
     lvf, fcfs = results.get("lvf", {}), results.get("fcfs", {})
     common = sorted(set(lvf) & set(fcfs))

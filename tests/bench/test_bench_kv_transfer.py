@@ -1,5 +1,5 @@
 """``python -m blink_edu.bench.kv_transfer``: refuses a GPU-less run with a clear message, and its
-``--tiny`` smoke mode runs every section and writes the summary the chapter and issue 7 read."""
+``--tiny`` smoke mode runs every section and writes the summary the chapter reads."""
 
 from __future__ import annotations
 

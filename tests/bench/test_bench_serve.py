@@ -8,9 +8,10 @@ import math
 import numpy as np
 import pytest
 
+from blink_edu import latency
 from blink_edu.bench import serve as bench
-from blink_edu.bench.workloads import (PromptBuilder, arrival_times, fixed_lengths,
-                                       lognormal_lengths)
+from blink_edu.bench.prompts import PromptBuilder
+from blink_edu.sim.workload import arrival_times, fixed_lengths, lognormal_lengths
 from blink_edu.model.bundled import resolve_model_dir
 from blink_edu.model.tokenizer import Tokenizer
 
@@ -82,7 +83,7 @@ def result(ttft, chunk_times, output_tokens, e2e=None, **kw):
     assert chunk_times[0] == ttft
     r = bench.RequestResult(0, 10, output_tokens, ttft=ttft,
                             e2e=chunk_times[-1] if e2e is None else e2e,
-                            itl=bench.gaps(chunk_times), chunks=len(chunk_times),
+                            itl=latency.gaps(chunk_times), chunks=len(chunk_times),
                             prompt_tokens=10, completion_tokens=output_tokens, **kw)
     return r
 

@@ -116,7 +116,7 @@ def test_bad_arguments_are_refused_before_any_work(capsys, args, message):
 
 
 def test_the_plan_measures_where_the_target_has_the_widest_margin_or_the_nearest_miss():
-    from blink_edu.bench.slo_real import nearest_to_target
+    from blink_edu.bench.slo_plan import nearest_to_target
 
     def p(budget, interval, ttft, tbt, fcfs=80.0):
         return {"budget": budget, "interval": interval, "rate": 1.0, "ttft_pts": ttft,

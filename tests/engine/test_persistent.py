@@ -16,17 +16,13 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from blink_edu.config import EngineConfig, ModelConfig, SamplingParams
+from blink_edu.config import EngineConfig, SamplingParams
 from blink_edu.engine import persistent_kernel as pk
 from blink_edu.engine.persistent import PersistentExecutor
 from blink_edu.model import reference
-from blink_edu.model.weights import random_weights
+from blink_edu.model.micro import micro_weights
 from blink_edu.ring import EMPTY, Ring, RingClient, RingLayout
 
-MICRO = dict(model_type="llama", vocab_size=64, hidden_size=32, intermediate_size=48,
-             num_hidden_layers=1, num_attention_heads=4, num_key_value_heads=2,
-             max_position_embeddings=64, rope_theta=10000.0, rms_norm_eps=1e-5,
-             tie_word_embeddings=True, eos_token_id=2)
 LAYOUT = RingLayout(num_slots=8, max_prompt_tokens=16, max_output_tokens=6)
 # 2 lanes and a budget of 8 tokens: an 11-token prompt is prefilled in two chunks, and a third
 # request must wait in the ring until a lane frees up.
@@ -36,7 +32,7 @@ TIMEOUT_S = 240
 
 @pytest.fixture(scope="module")
 def weights():
-    return random_weights(ModelConfig.from_dict(MICRO), seed=3, scale=0.4)
+    return micro_weights(seed=3, num_attention_heads=4, num_key_value_heads=2)
 
 
 DISPATCHERS = ["inline", pytest.param("graph", marks=pytest.mark.gpu)]

@@ -7,20 +7,17 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from blink_edu.config import EngineConfig, ModelConfig, SamplingParams
+from blink_edu.config import EngineConfig, SamplingParams
 from blink_edu.engine.llm_engine import LLMEngine
 from blink_edu.model import reference
-from blink_edu.model.weights import random_weights
+from blink_edu.model.micro import micro_weights
 
-MICRO = dict(model_type="llama", vocab_size=120, hidden_size=32, intermediate_size=48,
-             num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1,
-             max_position_embeddings=64, bos_token_id=1, eos_token_id=2)
 POLICIES = ["fcfs", "lvf", "waiting-first", "swapped-first"]
 
 
 @pytest.fixture(scope="module")
 def weights():
-    return random_weights(ModelConfig.from_dict(MICRO), seed=5, scale=0.5, dtype=np.float64)
+    return micro_weights(seed=5, scale=0.5, dtype=np.float64, vocab_size=120)
 
 
 def run(engine: LLMEngine, arrivals: list[tuple[int, list[int], SamplingParams]]) -> dict:

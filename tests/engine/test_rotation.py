@@ -9,22 +9,20 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from blink_edu.config import EngineConfig, ModelConfig, SamplingParams
+from blink_edu.config import EngineConfig, SamplingParams
 from blink_edu.engine.llm_engine import LLMEngine
 from blink_edu.engine.sequence import SequenceStatus
 from blink_edu.kv.block_manager import COPY_IN, COPY_OUT
 from blink_edu.model import reference
-from blink_edu.model.weights import random_weights
+from blink_edu.model.micro import micro_weights
 
-MICRO = dict(model_type="llama", vocab_size=64, hidden_size=32, intermediate_size=48,
-             num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1,
-             max_position_embeddings=64, bos_token_id=1, eos_token_id=2)
-SMALL = dict(MICRO, vocab_size=200, hidden_size=48, num_hidden_layers=2, num_attention_heads=4,
+# the micro model, a little bigger: two layers, GQA 4/2
+SMALL = dict(vocab_size=200, hidden_size=48, num_hidden_layers=2, num_attention_heads=4,
              num_key_value_heads=2, intermediate_size=64)
 
 
-def weights_of(shape: dict, dtype=np.float64, seed: int = 0):
-    return random_weights(ModelConfig.from_dict(shape), seed=seed, scale=0.5, dtype=dtype)
+def weights_of(changes: dict, dtype=np.float64, seed: int = 0):
+    return micro_weights(seed=seed, scale=0.5, dtype=dtype, **changes)
 
 
 @pytest.fixture(scope="module")
@@ -197,7 +195,7 @@ def test_kernel_executor_rotates(rng, executor, transport):
     """The kernel executor's pool through MappedTransport (one kernel over mapped host memory)
     and DeviceTransport (gather/scatter kernels, staging): in the simulator here; on a GPU
     (tools/run_gpu_tests.sh) with their streams and events."""
-    weights = weights_of(MICRO, dtype=np.float32, seed=int(rng.integers(1000)))
+    weights = weights_of({}, dtype=np.float32, seed=int(rng.integers(1000)))
     prompts = [rng.integers(3, 64, size=3).tolist() for _ in range(2)]
     params = SamplingParams(temperature=0, max_tokens=4, ignore_eos=True)
     engine = LLMEngine(weights, EngineConfig(executor=executor, block_size=2, num_kv_blocks=5,

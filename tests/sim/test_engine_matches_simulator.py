@@ -11,23 +11,21 @@ import types
 import numpy as np
 import pytest
 
-from blink_edu.bench.slo_real import (LENGTHS, PREDICTED, MeasuredRequest, record_tokens,
-                                      requests_moved, score)
-from blink_edu.config import EngineConfig, ModelConfig, SamplingParams
+from blink_edu.bench.replay import MeasuredRequest, record_tokens, requests_moved
+from blink_edu.bench.slo_real import LENGTHS, PREDICTED
+from blink_edu.config import EngineConfig, SamplingParams
 from blink_edu.engine import llm_engine, scheduler, sequence
 from blink_edu.engine.llm_engine import LLMEngine, StepOutput
 from blink_edu.engine.reference_executor import ReferenceExecutor
-from blink_edu.model.weights import random_weights
+from blink_edu.model.micro import micro_weights
 from blink_edu.sched.policies import make_policy
 from blink_edu.sched.vlt import RotaSchedConfig
 from blink_edu.sim.costs import CostModel
+from blink_edu.sim.metrics import score
 from blink_edu.sim.presets import PCIE_H200, Preset
 from blink_edu.sim.simulator import simulate
 from blink_edu.sim.workload import poisson_workload
 
-MICRO = dict(model_type="llama", vocab_size=120, hidden_size=32, intermediate_size=48,
-             num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1,
-             max_position_embeddings=LENGTHS.max_model_len, bos_token_id=1, eos_token_id=2)
 # about the bundled model on the H200 as bench.slo --real fits it (bench/results/slo.json)
 COST = CostModel(fixed_s=0.4e-3, per_token_s=5e-6, per_context_token_s=0.15e-6,
                  block_bytes=128 * 1024, link=PCIE_H200, per_move_s=100e-6,
@@ -41,13 +39,16 @@ CONFIG = RotaSchedConfig(ttft_slo_s=250 * STEP_S, tbt_slo_s=5 * STEP_S, transfer
 
 
 class ModelFreeExecutor:
-    """Owns a KV pool (rotation copies real blocks) but runs no model: the tokens do not
-    matter here (ignore_eos, max_tokens), the schedule does."""
+    """An ``Executor`` that owns a KV pool (rotation copies real blocks) but runs no model: the
+    tokens do not matter here (ignore_eos, max_tokens), the schedule does."""
 
     name = "model-free"
+    block_size = 16
+    compute_stream = None
+    buckets = None  # steps at their own shape (the cost model pads, as the graph executor)
 
     def __init__(self, weights):
-        self.kv_pool = ReferenceExecutor(weights, PRESET.num_gpu_blocks, 16).kv_pool
+        self.kv_pool = ReferenceExecutor(weights, PRESET.num_gpu_blocks, self.block_size).kv_pool
         self.last = (0, 0)
 
     def step(self, batch):
@@ -103,7 +104,8 @@ def serve_in_virtual_time(weights, policy: str, workload, monkeypatch) -> list[M
 
 @pytest.mark.parametrize("policy", ["fcfs", "lvf", "waiting-first", "swapped-first"])
 def test_the_engine_in_virtual_time_meets_the_simulators_prediction(policy, monkeypatch):
-    weights = random_weights(ModelConfig.from_dict(MICRO), seed=5, scale=0.5, dtype=np.float32)
+    weights = micro_weights(seed=5, scale=0.5, vocab_size=120,
+                            max_position_embeddings=LENGTHS.max_model_len)
     workload = poisson_workload(PRESET.num_requests, 38.0, LENGTHS, seed=2)  # past the knee
     engine = score(serve_in_virtual_time(weights, policy, workload, monkeypatch),
                    CONFIG.ttft_slo_s, CONFIG.tbt_slo_s)

@@ -1,27 +1,19 @@
-"""Seeded serving workloads: who arrives when, with how long a prompt, asking for how many tokens.
+"""Seeded prompts for the serving benchmark: real English text cut to an exact token length.
 
-DESIGN.md §9 ("same work for every variant: one seeded workload file per experiment, replayed for
-each executor or policy") and the load model of vLLM's ``benchmark_serving.py``:
-
-* **arrivals** — a Poisson process at ``rate`` requests/s (exponential gaps), or a Gamma process
-  with the same mean rate and shape ``burstiness`` (1 = Poisson; < 1 burstier; > 1 more even);
-  ``rate = inf`` sends every request at once;
-* **lengths** — ShareGPT-like log-normal prompt and output lengths (long right tail), clipped so
-  that prompt + output fits the model's context; or fixed lengths;
-* **prompts** — real English text cut to exactly the wanted number of tokens *as the server's
-  tokenizer counts them* (BOS included), so the server's ``usage.prompt_tokens`` equals the
-  intended length and a benchmark can check it per request.
+Blink §5's serving load and vLLM's ``benchmark_serving.py``: the lengths and arrival times come
+from ``sim.workload`` (one seeded workload replayed for every variant, docs/design.md §9); this
+module turns a length into text that the server's tokenizer counts as exactly that many tokens
+(BOS included), so the server's ``usage.prompt_tokens`` equals the intended length and the
+benchmark can check it per request.
 
     rng = np.random.default_rng(seed)
     lens = lognormal_lengths(rng, 24, input_mean=128, input_sigma=0.7, output_mean=64,
-                             output_sigma=0.7, max_model_len=512)
-    prompts = PromptBuilder(tokenizer).build(lens, rng)         # [(text, prompt_len, output_len)]
-    t = arrival_times(np.random.default_rng([seed, 1]), 24, rate=2.0)   # seconds from the start
+                             output_sigma=0.7, max_model_len=512)       # sim.workload
+    prompts = PromptBuilder(tokenizer).build(lens, rng)         # [WorkItem(text, lengths)]
 """
 
 from __future__ import annotations
 
-import math
 from dataclasses import asdict, dataclass
 
 import numpy as np
@@ -72,50 +64,6 @@ class WorkItem:
 
     def as_dict(self) -> dict:
         return asdict(self)
-
-
-def lognormal_lengths(rng: np.random.Generator, n: int, *, input_mean: float, input_sigma: float,
-                      output_mean: float, output_sigma: float, max_model_len: int,
-                      min_input: int = 4, min_output: int = 2) -> list[tuple[int, int]]:
-    """``n`` (prompt_len, output_len) pairs, each log-normal with the given *mean* (in tokens)
-    and log-space ``sigma``; clipped so that ``min_input <= prompt``, ``min_output <= output``
-    and ``prompt + output <= max_model_len``. (The mean is the unclipped distribution's:
-    ``mu = ln(mean) - sigma**2 / 2``.)"""
-    if min_input + min_output > max_model_len:
-        raise ValueError(f"the context ({max_model_len}) cannot hold {min_input} + {min_output}")
-
-    def draw(mean, sigma):
-        mu = math.log(mean) - sigma ** 2 / 2
-        return np.rint(rng.lognormal(mu, sigma, size=n)).astype(int)
-
-    inputs, outputs = draw(input_mean, input_sigma), draw(output_mean, output_sigma)
-    pairs = []
-    for p, o in zip(inputs, outputs):
-        p = int(np.clip(p, min_input, max_model_len - min_output))
-        o = int(np.clip(o, min_output, max_model_len - p))
-        pairs.append((p, o))
-    return pairs
-
-
-def fixed_lengths(n: int, input_len: int, output_len: int, max_model_len: int) -> list[tuple[int, int]]:
-    if input_len < 1 or output_len < 1 or input_len + output_len > max_model_len:
-        raise ValueError(f"--input-len {input_len} + --output-len {output_len} must fit the "
-                         f"{max_model_len}-token context (each at least 1)")
-    return [(input_len, output_len)] * n
-
-
-def arrival_times(rng: np.random.Generator, n: int, rate: float, burstiness: float = 1.0) -> list[float]:
-    """Send times in seconds from the start: the first at 0, then Gamma(shape=burstiness,
-    scale=1/(rate*burstiness)) gaps — mean gap 1/rate; burstiness 1 is a Poisson process.
-    ``rate = inf``: everything at 0."""
-    if n <= 0:
-        return []
-    if math.isinf(rate):
-        return [0.0] * n
-    if rate <= 0 or burstiness <= 0:
-        raise ValueError("rate and burstiness must be positive")
-    gaps = rng.gamma(shape=burstiness, scale=1.0 / (rate * burstiness), size=n - 1)
-    return [0.0] + np.cumsum(gaps).tolist()
 
 
 class PromptBuilder:

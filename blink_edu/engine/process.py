@@ -1,16 +1,17 @@
-"""The engine's process: attach the ring by name, load the model, run the scheduler loop.
+"""The engine's process main: attach the ring by name, load the model, run the scheduler loop.
 
-Blink §3 ("Host loads model + captures CUDA graphs at startup, then exits") and DESIGN.md §2, §8.
-This is the process standing in for the GPU side: it is started with ``multiprocessing``'s
-*spawn* method (a fresh interpreter, nothing inherited from the frontend) and receives only the
-ring's name, the model folder and the ``EngineConfig``. From then on it talks to the frontend
-only through the ring: it never sees an HTTP request, and the frontend never sees the engine.
+Blink §3 ("Host loads model + captures CUDA graphs at startup, then exits") and docs/design.md
+§2, §8. This is the process standing in for the GPU side: the server's launcher
+(``serve/launcher.py``) spawns it with ``multiprocessing``'s *spawn* method (a fresh
+interpreter, nothing inherited from the frontend) and hands it only the ring's name, the model
+folder and the ``EngineConfig``. From then on it talks to the frontend only through the ring: it
+never sees an HTTP request, and the frontend never sees the engine. (vLLM v1 keeps its engine
+process's main on the engine side the same way: ``EngineCoreProc.run_engine_core``.)
 
-The ring is the only channel, for control and telemetry too: the frontend asks the engine to
-stop through the ring's ``engine_stop`` word, and the engine overwrites the ring's
-``engine_stats`` after every iteration (KV blocks used and free, running and waiting requests,
-steps; ``EngineStatsBoard`` names them), which the frontend reads for ``/metrics`` and
-``/health``. A word in shared memory cannot be left locked by an engine that dies.
+The ring is the only channel, for control and telemetry too (``ring/control.py``): the frontend
+asks the engine to stop through the ring's ``engine_stop`` word, and the engine overwrites the
+ring's ``engine_stats`` after every iteration, which the frontend reads for ``/metrics`` and
+``/health``.
 """
 
 from __future__ import annotations
@@ -21,36 +22,10 @@ import sys
 import time
 from dataclasses import replace
 
-from ..config import PERSISTENT_EXECUTORS
-from ..ring.layout import ENGINE_STATS, Ring
-
-
-class EngineStatsBoard:
-    """The ring's ``engine_stats`` words by name (``EngineStats``): the engine writes, the
-    frontend reads. ``published`` = 0 until the engine's first write."""
-
-    def __init__(self, ring: Ring):
-        self.ring = ring  # no view kept: a view would stop the ring's shared memory from closing
-
-    def publish(self, stats) -> None:
-        values = self.ring.engine_stats  # (len(ENGINE_STATS),) int64
-        for i, name in enumerate(ENGINE_STATS[:-1]):
-            values[i] = getattr(stats, name)
-        values[-1] = 1
-
-    def read(self) -> dict[str, int] | None:
-        """The latest stats by name, or None before the engine's first write."""
-        snapshot = dict(zip(ENGINE_STATS, self.ring.engine_stats.tolist()))
-        return snapshot if snapshot.pop("published") else None
-
-
-def stop_requested(ring: Ring) -> bool:
-    return bool(ring.engine_stop)
-
-
-def request_stop(ring: Ring) -> None:
-    """The frontend's side: ask the engine to stop (it finishes its iteration, then exits)."""
-    ring.engine_stop[...] = 1
+from ..config import PERSISTENT_EXECUTORS, resolve_executor
+from ..ring.control import EngineStatsBoard, stop_requested
+from ..ring.layout import Ring
+from .executor import RingExecutor
 
 
 def run_engine(ring_name: str, model_dir: str, engine_config, idle_sleep_s: float = 1e-4) -> None:
@@ -61,17 +36,17 @@ def run_engine(ring_name: str, model_dir: str, engine_config, idle_sleep_s: floa
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     from ..backend import describe  # imported here: this is the only process that runs kernels
-    from ..engine.llm_engine import LLMEngine, resolve_executor
-    from ..engine.ring_loop import RingEngineLoop
-    from ..generate import stop_ids
-    from ..model.tokenizer import Tokenizer
+    from ..model.tokenizer import stop_ids
+    from .llm_engine import LLMEngine
+    from .ring_loop import RingEngineLoop
 
     ring = Ring.attach(ring_name)
     board = EngineStatsBoard(ring)
-    eos = stop_ids(model_dir, Tokenizer.from_folder(model_dir))
+    eos = stop_ids(model_dir)
     parent = multiprocessing.parent_process()
     try:
-        executor = resolve_executor(engine_config.executor, engine_config.policy)
+        executor = resolve_executor(engine_config.executor, engine_config.policy,
+                                    serves_ring=True)
         if executor in PERSISTENT_EXECUTORS:
             run_persistent(ring, model_dir, engine_config, eos, board, parent,
                            dispatch="graph" if executor == "persistent-graph" else "inline")
@@ -93,20 +68,19 @@ def run_engine(ring_name: str, model_dir: str, engine_config, idle_sleep_s: floa
 
 def run_persistent(ring, model_dir, engine_config, eos, board, parent, dispatch: str = "inline",
                    poll_s: float = 0.05) -> None:
-    """The persistent executor: launch the scheduler kernel over the ring, then only watch.
+    """A ``RingExecutor`` (the persistent kernel): launch it over the ring, then only watch.
     This loop makes no CUDA call: it reads the kernel's counters from host memory for the stats
     board and waits for the stop flag. (Stop this process with SIGSTOP and the kernel goes on
     serving: Blink's claim, shown by ``python -m blink_edu.bench.persistent``.)"""
     from ..backend import describe
-    from ..engine.llm_engine import kernel_weight_dtype
-    from ..engine.llm_engine import EngineStats
-    from ..engine.persistent import PersistentExecutor
     from ..model.weights import load_weights
+    from .llm_engine import EngineStats, kernel_weight_dtype
+    from .persistent import PersistentExecutor
 
     weights = load_weights(model_dir)
-    executor = PersistentExecutor(weights, engine_config, ring, eos_token_ids=eos,
-                                  weight_dtype=kernel_weight_dtype(weights, engine_config),
-                                  dispatch=dispatch)
+    executor: RingExecutor = PersistentExecutor(
+        weights, engine_config, ring, eos_token_ids=eos,
+        weight_dtype=kernel_weight_dtype(weights, engine_config), dispatch=dispatch)
     executor.start()
     print(f"blink_edu.serve engine: executor=persistent, {dispatch} dispatch "
           f"({executor.grid_blocks} blocks), "
