@@ -94,6 +94,7 @@ STRIDE = KP + 4
 STAGE_ROWS = THREADS // KP  # rows one pass of the block's threads stages (KP threads a row)
 A_PER_THREAD = BM // STAGE_ROWS  # activation rows each thread stages per k step
 B_PER_THREAD = BN // STAGE_ROWS  # weight rows each thread stages per k step
+A_VALUES = 2 * A_PER_THREAD  # fp32 activations each thread holds between its loads and stores
 # Shared and local shapes must be compile-time constants: Numba reads a global tuple as one.
 A_TILE = (2, BM, STRIDE)  # two buffers of BM rows x KP fp16 pairs (uint32)
 B_TILE = (2, BN, STRIDE)
@@ -196,7 +197,7 @@ else:
 @cuda.jit(device=True, inline=True)
 def load_step(x, w2, xrow, o0, kt, xa, wb):
     """Global memory -> registers, k step ``kt``: this thread's fp32 activation pairs into ``xa``
-    (2 * A_PER_THREAD,) and fp16 weight pairs into ``wb`` (B_PER_THREAD,), zeros past the edges.
+    (A_VALUES,) and fp16 weight pairs into ``wb`` (B_PER_THREAD,), zeros past the edges.
     KP consecutive threads read one row's KP consecutive words: coalesced."""
     kc = cuda.threadIdx.x % KP
     kp = kt * KP + kc  # this thread's pair column: k = 2 kp, 2 kp + 1
@@ -310,7 +311,7 @@ def tc_matmul(x, x_rows, norm_w, eps, w, bias, out, accumulate, block, n_blocks)
     acc = cuda.local.array(ACC_SHAPE, float32)  # (MI, NI, 4) this lane's outputs
     afrag = cuda.local.array(A_FRAG, uint32)  # (MI, 4)
     bfrag = cuda.local.array(B_FRAG, uint32)  # (NI, 2)
-    xa = cuda.local.array(2 * A_PER_THREAD, float32)  # (2 * A_PER_THREAD,) staged activations
+    xa = cuda.local.array(A_VALUES, float32)  # (A_VALUES,) staged activations, pairs
     wb = cuda.local.array(B_PER_THREAD, uint32)  # (B_PER_THREAD,) staged weight pairs
     xrow = cuda.local.array(A_PER_THREAD, int32)  # (A_PER_THREAD,) x row of each staged row
     sumsq = cuda.local.array(A_PER_THREAD, float32)  # (A_PER_THREAD,) partial sums of squares
