@@ -58,15 +58,21 @@ norm weight ``g`` scales the activations as they are staged, the per-token ``inv
 sums of squares gathered during the same staging — scales each output row at the end), then the
 bias, then the residual (``accumulate=1`` adds onto ``out``).
 
+The activations are rounded to fp16 after the norm weight and before ``1 / rms``: ``|x * g|``
+must stay below fp16's largest value, 65504 (a residual stream is far below it).
+
 **Two forms, one tile.** Inline PTX cannot run in Numba's simulator, so the two instructions this
 tile needs — ``mma_m16n8k16`` and ``pack_half2`` (two fp32 to an fp16 pair) — have a simulator
 form chosen once at import, as ``reduce.block_sum`` does: there every thread writes its
 fragment registers to shared memory and computes its own four outputs from the warp's registers,
-the way the hardware gathers them. Everything else — the staging, the buffers, the fragment
-indexing — is the same Python code in both places, so CI checks the indexing of the real tile.
+the way the hardware gathers them. (So do two helpers: ``row_group_sum`` adds with atomics where
+the GPU shuffles, and ``fp16_pairs`` checks the weights' dtype when it runs where the GPU checks
+it when it compiles.) Everything else — the staging, the buffers, the fragment indexing, the
+loops — is the same Python code in both places, so CI checks the indexing of the real tile.
 
-Requirements: ``I`` even (the weights are read as fp16 pairs), ``w`` C-contiguous float16.
-Launch with ``THREADS`` threads a block (``reduce.THREADS``: 128 on a GPU, 32 in the simulator).
+Requirements: ``I`` even (the weights are read as fp16 pairs), ``w`` C-contiguous float16
+(``require_tc_operands`` checks them on the host). Launch with ``reduce.THREADS`` threads a block
+(128 on a GPU, 32 in the simulator), like every other op kernel.
 """
 
 from __future__ import annotations
@@ -85,8 +91,12 @@ WARPS_N = WARPS // WARPS_M  # and side by side along its columns (outputs)
 MI, NI = 2, 2  # mma tiles per warp: MI along m (16 rows each), NI along n (8 columns each)
 WM, WN = 16 * MI, 8 * NI  # warp tile: 32 x 16
 BM, BN = WARPS_M * WM, WARPS_N * WN  # block tile: 64 x 32 on a GPU, 32 x 16 in the simulator
-BK = 32 if SIMULATOR else 64  # k per shared-memory step (smaller in the simulator: tests with
-#                               small I still cross several steps and both buffers)
+# k per shared-memory step. A small batch is latency-bound: every step waits once for memory, so
+# fewer, longer steps pay (I = 576 is 9 steps at 64). The price is registers: at BK 64 a thread
+# holds 32 fp32 activations and 16 weight pairs in flight (sm_90: ~245 registers, no spills,
+# 2 blocks an SM); BK 32 needs ~160. In the simulator 32, so that tests with a small I still
+# cross several steps and both buffers.
+BK = 32 if SIMULATOR else 64
 KP = BK // 2  # 32-bit words (fp16 pairs) per row of a k step
 # One spare group of 4 words per row: lane (g, t) reads word g * STRIDE + t, and with
 # STRIDE = 4 (mod 8) the 32 lanes of a fragment load hit 32 different shared-memory banks.
@@ -143,10 +153,29 @@ if SIMULATOR:
         """sums[row] += the ``value`` of the KP threads staging that row (simulator: atomics)."""
         cuda.atomic.add(sums, row, value)
 
+    @cuda.jit(device=True)
+    def fp16_pairs(w):
+        """w (O, I) float16 seen as (O, I // 2) uint32 (see the GPU form); other weights refused."""
+        if w.ndim != 2 or w.dtype != np.float16:
+            raise TypeError(f"tc_matmul takes (O, I) float16 weights, got {w.ndim}-d {w.dtype}")
+        return w.view(np.uint32)
+
 else:
     from llvmlite import ir
     from numba import types
-    from numba.cuda.extending import intrinsic
+    from numba.core.errors import TypingError
+    from numba.cuda.extending import intrinsic, overload
+
+    def fp16_pairs(w):
+        """w (O, I) float16 seen as (O, I // 2) uint32: word j of row o holds w[o, 2j] in its low
+        half and w[o, 2j + 1] in its high half — one 4-byte load brings two weights. Other
+        weights are refused when the kernel is compiled (they would be read as garbage)."""
+
+    @overload(fp16_pairs, target="cuda")
+    def _fp16_pairs(w):
+        if not (isinstance(w, types.Array) and w.ndim == 2 and w.dtype == types.float16):
+            raise TypingError(f"tc_matmul takes (O, I) float16 weights, got {w}")
+        return lambda w: w.view(np.uint32)
 
     @intrinsic
     def mma_m16n8k16(typingctx, a0, a1, a2, a3, b0, b1, c0, c1, c2, c3):
@@ -303,7 +332,7 @@ def tc_matmul(x, x_rows, norm_w, eps, w, bias, out, accumulate, block, n_blocks)
     tid = cuda.threadIdx.x
     R = x_rows.shape[0]
     O, I = w.shape
-    w2 = w.view(np.uint32)  # (O, I // 2): word j of row o holds w[o, 2j] (low half), w[o, 2j+1]
+    w2 = fp16_pairs(w)  # (O, I // 2) uint32: word j of row o = w[o, 2j] (low half), w[o, 2j+1]
     use_norm = norm_w.shape[0] > 0
     a_tile = cuda.shared.array(A_TILE, uint32)  # (2, BM, STRIDE) fp16 pairs of activations
     b_tile = cuda.shared.array(B_TILE, uint32)  # (2, BN, STRIDE) fp16 pairs of weights

@@ -113,6 +113,18 @@ def test_operands_the_tile_cannot_take_are_refused():
     require_tc_operands(x_rows, np.zeros((8, 16), np.float16), out)  # a good set passes
 
 
+def test_float32_weights_are_refused_by_the_kernel(rng):
+    """Read as fp16 pairs, float32 weights would be garbage: the kernel refuses them (on a GPU
+    when it is compiled, in the simulator when it runs)."""
+    x = rng.standard_normal((2, 16)).astype(np.float32)
+    w = rng.standard_normal((8, 16)).astype(np.float32)
+    empty = np.zeros(0, np.float32)
+    with pytest.raises(Exception, match="float16 weights"):
+        tc_matmul_kernel[1, THREADS](dev(x), dev(np.arange(2, dtype=np.int32)), dev(empty),
+                                     np.float32(1e-5), dev(w), dev(empty),
+                                     dev(np.zeros((2, 8), np.float32)), 0)
+
+
 # The 135M model's matrices (O, I) at a decode batch of 64 and a 512-token prompt chunk.
 SHAPES_135M = {"qkv": (960, 576), "o": (576, 576), "gate_up": (3072, 576), "down": (576, 1536),
                "lm_head": (49152, 576)}
