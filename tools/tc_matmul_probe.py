@@ -23,6 +23,7 @@ import numpy as np
 os.environ.setdefault("BLINK_EDU_BACKEND", "gpu")
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+from blink_edu.backend import get_backend  # noqa: E402
 from blink_edu.bench.decode import hold_stream  # noqa: E402
 from blink_edu.kernels.linear import linear_kernel, linear_work_items  # noqa: E402
 from blink_edu.kernels.matmul_tc import (  # noqa: E402
@@ -105,7 +106,7 @@ def main(argv=None) -> int:
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
     rng = np.random.default_rng(args.seed)
-    print(f"tile {BM}x{BN}, k step {BK}, {THREADS} threads; {cuda.get_current_device().name}")
+    print(f"tile {BM}x{BN}, k step {BK}, {THREADS} threads; {get_backend().device_name}")
     print(f"{'shape':>8} {'R':>4} {'O x I':>12} {'err':>8} | {'tc µs':>7} {'TFLOP/s':>7} "
           f"{'W GB/s':>7} | {'fma µs':>7} {'cuBLAS µs':>9} {'tc/cuBLAS':>9}")
     for R in args.rows:
