@@ -78,6 +78,7 @@ Requirements: ``I`` even (the weights are read as fp16 pairs), ``w`` C-contiguou
 from __future__ import annotations
 
 import math
+from typing import NamedTuple
 
 import numpy as np
 from numba import float32, int32, uint32
@@ -85,34 +86,57 @@ from numba import float32, int32, uint32
 from .reduce import FULL_MASK, SIMULATOR, THREADS, WARP, cuda
 
 # --- tile geometry ---------------------------------------------------------------------------
-WARPS = THREADS // WARP  # 4 on a GPU, 1 in the simulator
-WARPS_M = 2 if WARPS >= 4 else 1  # warps stacked along the rows (tokens) of the block tile
-WARPS_N = WARPS // WARPS_M  # and side by side along its columns (outputs)
 MI, NI = 2, 2  # mma tiles per warp: MI along m (16 rows each), NI along n (8 columns each)
 WM, WN = 16 * MI, 8 * NI  # warp tile: 32 x 16
-BM, BN = WARPS_M * WM, WARPS_N * WN  # block tile: 64 x 32 on a GPU, 32 x 16 in the simulator
+ACC_SHAPE = (MI, NI, 4)  # each lane's accumulators: c0..c3 of every mma tile of its warp tile
+A_FRAG = (MI, 4)  # a0..a3 for each of the MI row tiles
+B_FRAG = (NI, 2)  # b0, b1 for each of the NI column tiles
+
+
+class TileGeometry(NamedTuple):
+    """The block-level constants, which follow from the threads a block and the k step."""
+
+    THREADS: int
+    WARPS: int  # 4 on a GPU, 1 in the simulator
+    WARPS_M: int  # warps stacked along the rows (tokens) of the block tile
+    WARPS_N: int  # and side by side along its columns (outputs)
+    BM: int  # block tile: BM x BN (64 x 32 on a GPU, 32 x 16 in the simulator)
+    BN: int
+    BK: int  # k per shared-memory step
+    KP: int  # 32-bit words (fp16 pairs) per row of a k step
+    STRIDE: int  # words per row of a shared tile
+    STAGE_ROWS: int  # rows one pass of the block's threads stages (KP threads a row)
+    A_PER_THREAD: int  # activation rows each thread stages per k step
+    B_PER_THREAD: int  # weight rows each thread stages per k step
+    A_VALUES: int  # fp32 activations each thread holds between its loads and stores
+    A_TILE: tuple  # (2 buffers, BM rows, STRIDE words) of fp16 pairs (uint32)
+    B_TILE: tuple  # (2 buffers, BN rows, STRIDE words)
+    REGS_SHAPE: tuple  # simulator: (warps, lanes, 6): every lane's a0..a3, b0, b1
+
+
+def tile_geometry(threads: int, bk: int) -> TileGeometry:
+    warps = threads // WARP
+    warps_m = 2 if warps >= 4 else 1
+    bm, bn, kp = warps_m * WM, warps // warps_m * WN, bk // 2
+    # One spare group of 4 words per row: lane (g, t) reads word g * stride + t, and with
+    # stride = 4 (mod 8) the 32 lanes of a fragment load hit 32 different shared-memory banks.
+    stride = kp + 4
+    stage_rows = threads // kp
+    assert threads % kp == 0 and bm % stage_rows == 0 and bn % stage_rows == 0 and kp % 8 == 0
+    return TileGeometry(threads, warps, warps_m, warps // warps_m, bm, bn, bk, kp, stride,
+                        stage_rows, bm // stage_rows, bn // stage_rows, 2 * bm // stage_rows,
+                        (2, bm, stride), (2, bn, stride), (warps, WARP, 6))
+
+
 # k per shared-memory step. A small batch is latency-bound: every step waits once for memory, so
 # fewer, longer steps pay (I = 576 is 9 steps at 64). The price is registers: at BK 64 a thread
 # holds 32 fp32 activations and 16 weight pairs in flight (sm_90: ~245 registers, no spills,
 # 2 blocks an SM); BK 32 needs ~160. In the simulator 32, so that tests with a small I still
 # cross several steps and both buffers.
-BK = 32 if SIMULATOR else 64
-KP = BK // 2  # 32-bit words (fp16 pairs) per row of a k step
-# One spare group of 4 words per row: lane (g, t) reads word g * STRIDE + t, and with
-# STRIDE = 4 (mod 8) the 32 lanes of a fragment load hit 32 different shared-memory banks.
-STRIDE = KP + 4
-STAGE_ROWS = THREADS // KP  # rows one pass of the block's threads stages (KP threads a row)
-A_PER_THREAD = BM // STAGE_ROWS  # activation rows each thread stages per k step
-B_PER_THREAD = BN // STAGE_ROWS  # weight rows each thread stages per k step
-A_VALUES = 2 * A_PER_THREAD  # fp32 activations each thread holds between its loads and stores
-# Shared and local shapes must be compile-time constants: Numba reads a global tuple as one.
-A_TILE = (2, BM, STRIDE)  # two buffers of BM rows x KP fp16 pairs (uint32)
-B_TILE = (2, BN, STRIDE)
-ACC_SHAPE = (MI, NI, 4)  # each lane's accumulators: c0..c3 of every mma tile of its warp tile
-A_FRAG = (MI, 4)  # a0..a3 for each of the MI row tiles
-B_FRAG = (NI, 2)  # b0, b1 for each of the NI column tiles
-REGS_SHAPE = (WARPS, WARP, 6)  # simulator: every lane's a0..a3, b0, b1
-assert THREADS % KP == 0 and BM % STAGE_ROWS == 0 and BN % STAGE_ROWS == 0 and KP % 8 == 0
+GEOMETRY = tile_geometry(THREADS, 32 if SIMULATOR else 64)
+# Numba reads module globals as compile-time constants (and global tuples as array shapes).
+(THREADS, WARPS, WARPS_M, WARPS_N, BM, BN, BK, KP, STRIDE, STAGE_ROWS, A_PER_THREAD, B_PER_THREAD,
+ A_VALUES, A_TILE, B_TILE, REGS_SHAPE) = GEOMETRY
 
 # --- the two instructions: inline PTX on a GPU, Python in the simulator ------------------------
 if SIMULATOR:

@@ -6,8 +6,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from blink_edu.kernels import matmul_tc
 from blink_edu.kernels.matmul_tc import (
-    BK, BM, BN, mma_m16n8k16, pack_half2, require_tc_operands, tc_matmul_kernel, tc_work_items)
+    BK, BM, BN, WM, WN, mma_m16n8k16, pack_half2, require_tc_operands, tc_matmul_kernel,
+    tc_work_items, tile_geometry)
 from blink_edu.kernels.reduce import THREADS, cuda, grid_for
 
 FP16_TOL = 1e-2
@@ -22,7 +24,7 @@ def dev(a):
     return cuda.to_device(np.ascontiguousarray(a))
 
 
-def run_case(rng, R, I, O, fused, n_blocks=None):
+def run_case(rng, R, I, O, fused, n_blocks=None, threads=THREADS):
     """One launch of ``tc_matmul_kernel`` on fresh random inputs; returns (out, reference)
     without the residual, so that a large residual cannot hide an error in the product."""
     T = R + 3
@@ -40,7 +42,7 @@ def run_case(rng, R, I, O, fused, n_blocks=None):
         else np.full((R, O), np.nan, np.float32)  # poisoned: every element must be written
     out = dev(start)
     blocks = n_blocks or grid_for(tc_work_items(R, O))
-    tc_matmul_kernel[blocks, THREADS](dev(x), dev(x_rows), dev(g), np.float32(1e-5), dev(w),
+    tc_matmul_kernel[blocks, threads](dev(x), dev(x_rows), dev(g), np.float32(1e-5), dev(w),
                                       dev(b), out, int(residual))
     got = out.copy_to_host()
     return (got - start if residual else got), expected
@@ -61,6 +63,19 @@ def test_tc_matmul_over_several_tiles_and_k_steps_in_one_block(rng):
     R, I, O = BM + 3, 2 * BK + 8, 2 * BN + 1
     assert tc_work_items(R, O) == 2 * 3
     got, expected = run_case(rng, R, I, O, "norm+bias+residual", n_blocks=1)
+    assert rel_err(got, expected) < FP16_TOL
+
+
+def test_the_gpu_tile_geometry_in_the_simulator(rng, monkeypatch):
+    """A GPU block is 4 warps (2 x 2) over a 64 x 32 tile in 64-wide k steps; the simulator's is
+    one warp. Running the GPU's geometry here too checks the warp-tile offsets and the staging by
+    128 threads in CI (on a GPU this is the geometry it has anyway)."""
+    gpu = tile_geometry(128, 64)
+    for name, value in gpu._asdict().items():
+        monkeypatch.setattr(matmul_tc, name, value)
+    R, I, O = WM + 5, gpu.BK + 8, gpu.BN + WN // 2  # both warp rows, 2 column tiles, 2 k steps
+    assert tc_work_items(R, O) == 2
+    got, expected = run_case(rng, R, I, O, "norm+bias+residual", threads=gpu.THREADS)
     assert rel_err(got, expected) < FP16_TOL
 
 
