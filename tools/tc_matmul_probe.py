@@ -1,6 +1,6 @@
 """Time the tensor-core matmul tile at the SmolLM2-135M shapes on a GPU, inside a CUDA graph.
 
-    python tools/tc_matmul_probe.py [--rows 64 512] [--replays 50] [--runs 20]
+    python tools/tc_matmul_probe.py [--rows 64 512] [--replays 50] [--runs 20] [--bk 32]
 
 For each token count R and each linear layer of the 135M shape (hidden 576, intermediate 1536,
 9 query / 3 KV heads of 64, vocab 49152) it first checks ``tc_matmul_kernel`` against a float64
@@ -9,7 +9,9 @@ Python costs ~55 µs of host time, more than these kernels take, so ``--replays`
 captured into one CuPy graph and the graph is replayed ``--runs`` times between two CUDA events
 (the ~0.5 µs a graph node costs is included). Beside it, the same for the FMA ``linear_kernel``,
 and cuBLAS (CuPy fp16 ``matmul``, which cannot be captured: it is timed queued behind a kernel that
-holds the stream, so that only GPU time is counted). Prints one table; writes nothing.
+holds the stream, so that only GPU time is counted). ``--bk`` sets the tile's k step before it is
+compiled (one value a process: run the script once per value to compare). Prints one table;
+writes nothing.
 """
 
 from __future__ import annotations
@@ -26,8 +28,9 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from blink_edu.backend import get_backend  # noqa: E402
 from blink_edu.bench.decode import hold_stream  # noqa: E402
 from blink_edu.kernels.linear import linear_kernel, linear_work_items  # noqa: E402
+from blink_edu.kernels import matmul_tc  # noqa: E402
 from blink_edu.kernels.matmul_tc import (  # noqa: E402
-    BK, BM, BN, require_tc_operands, tc_matmul_kernel, tc_work_items)
+    require_tc_operands, tc_matmul_kernel, tc_work_items, tile_geometry)
 from blink_edu.kernels.reduce import THREADS, cuda, grid_for  # noqa: E402
 
 # name: (O, I, fused norm, residual add), as the 135M decoder uses them (no biases in Llama)
@@ -104,9 +107,14 @@ def main(argv=None) -> int:
     parser.add_argument("--replays", type=int, default=50, help="launches captured in one graph")
     parser.add_argument("--runs", type=int, default=20, help="graph replays timed")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--bk", type=int, choices=[32, 64], help="k step (default: the module's)")
     args = parser.parse_args(argv)
+    if args.bk:  # before the first launch compiles the kernel with the module's constants
+        for name, value in tile_geometry(THREADS, args.bk)._asdict().items():
+            setattr(matmul_tc, name, value)
     rng = np.random.default_rng(args.seed)
-    print(f"tile {BM}x{BN}, k step {BK}, {THREADS} threads; {get_backend().device_name}")
+    print(f"tile {matmul_tc.BM}x{matmul_tc.BN}, k step {matmul_tc.BK}, {THREADS} threads; "
+          f"{get_backend().device_name}")
     print(f"{'shape':>8} {'R':>4} {'O x I':>12} {'err':>8} | {'tc µs':>7} {'TFLOP/s':>7} "
           f"{'W GB/s':>7} | {'fma µs':>7} {'cuBLAS µs':>9} {'tc/cuBLAS':>9}")
     for R in args.rows:
