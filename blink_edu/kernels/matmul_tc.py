@@ -7,7 +7,7 @@ a prompt chunk) reach the GPU's tensor cores; the same contract as the ``linear`
 **What a tensor core does.** A plain CUDA core does one fused multiply-add per thread per
 instruction. A tensor core does a whole small matrix product per *warp* per instruction: with
 ``mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32`` the 32 threads of a warp together compute
-``D (16x8) = A (16x16) @ B (16x8) + C (16x8)`` — 4096 multiply-adds in one instruction. On an
+``D (16x8) = A (16x16) @ B (16x8) + C (16x8)`` — 2048 multiply-adds in one instruction. On an
 H200 that is ~990 TFLOP/s of fp16 against ~60 of fp32 FMAs: a decode step of 64 sequences, ~17
 GFLOP, costs ~0.26 ms on FMAs but ~0.02 ms on tensor cores, under the time it takes to stream the
 weights once. That is what lets batch 64 cost little more than batch 1.
@@ -35,8 +35,8 @@ of B at the same k pairs; and the four outputs in rows g, g+8 and columns 2t, 2t
 means A is read along its rows and B along its columns — for ``x @ W.T`` a column of B is a row of
 the PyTorch weight ``W (O, I)``, so the weights are used exactly as they are stored.
 
-**Why fp32 accumulation.** fp16 has an 11-bit significand: adding a 1e-3 term to a running sum of
-about 1 is already lost, and a dot product over 1536 inputs adds 1536 of them. The products of two
+**Why fp32 accumulation.** fp16 has an 11-bit significand: adding 4e-4 to a running sum of about
+1 changes nothing, and a dot product over 1536 inputs is 1536 such additions. The products of two
 fp16 values are exact in fp32 and the tensor core adds them in fp32 (``.f32`` in the name, twice:
 D and C), so only the inputs are rounded, once — the error stays near fp16's 5e-4 per input
 instead of growing with the length of the sum.
@@ -65,9 +65,9 @@ must stay below fp16's largest value, 65504 (a residual stream is far below it).
 tile needs — ``mma_m16n8k16`` and ``pack_half2`` (two fp32 to an fp16 pair) — have a simulator
 form chosen once at import, as ``reduce.block_sum`` does: there every thread writes its
 fragment registers to shared memory and computes its own four outputs from the warp's registers,
-the way the hardware gathers them. (So do two helpers: ``row_group_sum`` adds with atomics where
-the GPU shuffles, and ``fp16_pairs`` checks the weights' dtype when it runs where the GPU checks
-it when it compiles.) Everything else — the staging, the buffers, the fragment indexing, the
+the way the hardware gathers them. (Two helpers have two forms as well: ``row_group_sum`` adds
+with atomics where the GPU shuffles, and ``fp16_pairs`` refuses weights that are not fp16 when the
+kernel runs, where the GPU refuses them when it compiles.) Everything else — the staging, the buffers, the fragment indexing, the
 loops — is the same Python code in both places, so CI checks the indexing of the real tile.
 
 Requirements: ``I`` even (the weights are read as fp16 pairs), ``w`` C-contiguous float16
