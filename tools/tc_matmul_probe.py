@@ -26,12 +26,12 @@ os.environ.setdefault("BLINK_EDU_BACKEND", "gpu")
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from blink_edu.backend import get_backend  # noqa: E402
-from blink_edu.bench.decode import hold_stream  # noqa: E402
 from blink_edu.kernels.linear import linear_kernel, linear_work_items  # noqa: E402
 from blink_edu.kernels import matmul_tc  # noqa: E402
 from blink_edu.kernels.matmul_tc import (  # noqa: E402
     require_tc_operands, tc_matmul_kernel, tc_work_items, tile_geometry)
 from blink_edu.kernels.reduce import THREADS, cuda, grid_for  # noqa: E402
+from blink_edu.kernels.sync import spin_for_ns  # noqa: E402
 
 # name: (O, I, fused norm, residual add), as the 135M decoder uses them (no biases in Llama)
 SHAPES = {"qkv": (960, 576, True, False), "o": (576, 576, False, True),
@@ -91,7 +91,8 @@ def time_cublas(R: int, O: int, I: int, repeats: int) -> float:
     with stream:
         cp.matmul(x, w.T)  # plan and warm up
         stream.synchronize()
-        hold_stream(stream, 0.05)  # the host queues everything below while the GPU spins
+        # a 50 ms spin holds the stream: the host queues everything below before any of it runs
+        spin_for_ns[1, 1, cuda.external_stream(stream.ptr)](50_000_000)
         start, end = cp.cuda.Event(), cp.cuda.Event()
         start.record(stream)
         for _ in range(repeats):
