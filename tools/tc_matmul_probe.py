@@ -1,0 +1,146 @@
+"""Time the tensor-core matmul tile at the SmolLM2-135M shapes on a GPU, inside a CUDA graph.
+
+    python tools/tc_matmul_probe.py [--rows 64 512] [--replays 50] [--runs 20] [--bk 32]
+
+For each token count R and each linear layer of the 135M shape (hidden 576, intermediate 1536,
+9 query / 3 KV heads of 64, vocab 49152) it first checks ``tc_matmul_kernel`` against a float64
+NumPy reference (exit 1 if the relative error is not below 1e-2), then times it. A launch from
+Python costs ~55 µs of host time, more than these kernels take, so ``--replays`` launches are
+captured into one CuPy graph and the graph is replayed ``--runs`` times between two CUDA events
+(the ~0.5 µs a graph node costs is included). Beside it, the same for the FMA ``linear_kernel``,
+and cuBLAS (CuPy fp16 ``matmul``, which cannot be captured: it is timed queued behind a kernel that
+holds the stream, so that only GPU time is counted). ``--bk`` sets the tile's k step before it is
+compiled (one value a process: run the script once per value to compare). Prints one table;
+writes nothing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+import numpy as np
+
+os.environ.setdefault("BLINK_EDU_BACKEND", "gpu")
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from blink_edu.backend import get_backend  # noqa: E402
+from blink_edu.kernels.linear import linear_kernel, linear_work_items  # noqa: E402
+from blink_edu.kernels import matmul_tc  # noqa: E402
+from blink_edu.kernels.matmul_tc import (  # noqa: E402
+    require_tc_operands, tc_matmul_kernel, tc_work_items, tile_geometry)
+from blink_edu.kernels.reduce import THREADS, cuda, grid_for  # noqa: E402
+from blink_edu.kernels.sync import spin_for_ns  # noqa: E402
+
+# name: (O, I, fused norm, residual add), as the 135M decoder uses them (no biases in Llama)
+SHAPES = {"qkv": (960, 576, True, False), "o": (576, 576, False, True),
+          "gate_up": (3072, 576, True, False), "down": (576, 1536, False, True),
+          "lm_head": (49152, 576, True, False)}
+EPS = np.float32(1e-5)
+TOLERANCE = 1e-2
+
+
+def operands(rng, R, O, I, norm, residual):
+    """Device arrays for one layer: x (R + 5, I), x_rows (R,), norm_w (I,) or (0,), w (O, I) f16,
+    bias (0,), out (R, O) — and the float64 reference product (R, O)."""
+    x = rng.standard_normal((R + 5, I)).astype(np.float32)
+    x_rows = rng.permutation(R + 5)[:R].astype(np.int32)
+    g = (1 + 0.2 * rng.standard_normal(I)).astype(np.float32) if norm else np.zeros(0, np.float32)
+    w = (rng.standard_normal((O, I)) / np.sqrt(I)).astype(np.float16)
+    start = rng.standard_normal((R, O)).astype(np.float32)
+    h = x[x_rows].astype(np.float64)
+    if norm:
+        h = h / np.sqrt((h * h).mean(axis=1, keepdims=True) + EPS) * g
+    reference = h @ w.astype(np.float64).T  # (R, O), without the residual
+    require_tc_operands(x_rows, w, start)
+    args = [cuda.to_device(a) for a in (x, x_rows, g)] + [EPS] + \
+        [cuda.to_device(w), cuda.to_device(np.zeros(0, np.float32)), cuda.to_device(start)]
+    return args + [int(residual)], start, reference
+
+
+def time_in_graph(launch, replays: int, runs: int) -> float:
+    """Microseconds per launch: ``replays`` launches captured into a graph, replayed ``runs`` times."""
+    import cupy as cp
+
+    stream = cp.cuda.Stream(non_blocking=True)
+    on_stream = cuda.external_stream(stream.ptr)
+    launch(on_stream)  # compile outside the capture
+    stream.synchronize()
+    stream.begin_capture()
+    for _ in range(replays):
+        launch(on_stream)
+    graph = stream.end_capture()
+    graph.launch(stream)
+    start, end = cp.cuda.Event(), cp.cuda.Event()
+    start.record(stream)
+    for _ in range(runs):
+        graph.launch(stream)
+    end.record(stream)
+    end.synchronize()
+    return cp.cuda.get_elapsed_time(start, end) * 1e3 / (replays * runs)
+
+
+def time_cublas(R: int, O: int, I: int, repeats: int) -> float:
+    """Microseconds per fp16 cuBLAS matmul (R, I) @ (I, O), GPU time only."""
+    import cupy as cp
+
+    x = cp.random.standard_normal((R, I), dtype=cp.float32).astype(cp.float16)
+    w = cp.random.standard_normal((O, I), dtype=cp.float32).astype(cp.float16)
+    stream = cp.cuda.Stream(non_blocking=True)
+    with stream:
+        cp.matmul(x, w.T)  # plan and warm up
+        stream.synchronize()
+        # a 50 ms spin holds the stream: the host queues everything below before any of it runs
+        spin_for_ns[1, 1, cuda.external_stream(stream.ptr)](50_000_000)
+        start, end = cp.cuda.Event(), cp.cuda.Event()
+        start.record(stream)
+        for _ in range(repeats):
+            cp.matmul(x, w.T)
+        end.record(stream)
+        end.synchronize()
+    return cp.cuda.get_elapsed_time(start, end) * 1e3 / repeats
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rows", type=int, nargs="+", default=[64, 512])
+    parser.add_argument("--replays", type=int, default=50, help="launches captured in one graph")
+    parser.add_argument("--runs", type=int, default=20, help="graph replays timed")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--bk", type=int, choices=[32, 64], help="k step (default: the module's)")
+    args = parser.parse_args(argv)
+    if args.bk:  # before the first launch compiles the kernel with the module's constants
+        for name, value in tile_geometry(THREADS, args.bk)._asdict().items():
+            setattr(matmul_tc, name, value)
+    rng = np.random.default_rng(args.seed)
+    print(f"tile {matmul_tc.BM}x{matmul_tc.BN}, k step {matmul_tc.BK}, {THREADS} threads; "
+          f"{get_backend().device_name}")
+    print(f"{'shape':>8} {'R':>4} {'O x I':>12} {'err':>8} | {'tc µs':>7} {'TFLOP/s':>7} "
+          f"{'W GB/s':>7} | {'fma µs':>7} {'cuBLAS µs':>9} {'tc/cuBLAS':>9}")
+    for R in args.rows:
+        for name, (O, I, norm, residual) in SHAPES.items():
+            kernel_args, start, reference = operands(rng, R, O, I, norm, residual)
+            out = kernel_args[6]
+            tc_matmul_kernel[grid_for(tc_work_items(R, O)), THREADS](*kernel_args)
+            got = out.copy_to_host() - (start if residual else 0)
+            err = np.linalg.norm(got - reference) / np.linalg.norm(reference)
+            if not err < TOLERANCE:
+                print(f"{name} at R={R}: relative error {err:.2e} >= {TOLERANCE}: not timed")
+                return 1
+            tc_grid, fma_grid = grid_for(tc_work_items(R, O)), grid_for(linear_work_items(R, O))
+            tc_us = time_in_graph(lambda s: tc_matmul_kernel[tc_grid, THREADS, s](*kernel_args),
+                                  args.replays, args.runs)
+            fma_us = time_in_graph(lambda s: linear_kernel[fma_grid, THREADS, s](*kernel_args),
+                                   args.replays, args.runs)
+            blas_us = time_cublas(R, O, I, args.replays)
+            tflops = 2 * R * O * I / (tc_us * 1e-6) / 1e12
+            weight_gbs = 2 * O * I / (tc_us * 1e-6) / 1e9
+            print(f"{name:>8} {R:>4} {f'{O}x{I}':>12} {err:8.1e} | {tc_us:7.1f} {tflops:7.1f} "
+                  f"{weight_gbs:7.0f} | {fma_us:7.1f} {blas_us:9.1f} {tc_us / blas_us:9.2f}",
+                  flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
