@@ -1,19 +1,22 @@
-"""Linear layers: ``out = [out +] rms_norm?(x) @ W.T + b`` — a GEMV path and a tiled path.
+"""Linear layers: ``out = [out +] rms_norm?(x) @ W.T + b`` — a GEMV, an FMA tile, a tensor-core tile.
 
 The matrix multiplies are almost all of a decoder's work and, at small batch, almost all of its
-memory traffic: every decode step streams every weight once. Two ways to do it:
+memory traffic: every decode step streams every weight once. Three ways to do it, chosen in one
+place (``linear``) from the number of rows, so every executor takes the same path:
 
 * **GEMV** (``R <= GEMV_MAX_ROWS`` tokens, i.e. decode): a warp (``LANES`` threads) owns one
-  output row ``o``; its lanes stride along ``W[o, :]`` (consecutive lanes read consecutive
-  addresses: coalesced), each keeping a partial dot product, then the warp adds its partials with
-  shuffles — no shared memory, no barrier. The weights stream from HBM once per step (for a
-  second token the row is read again, but from the L1 cache, where the first one left it).
-  Each lane issues ``UNROLL`` loads before it uses any of them: a load from HBM takes ~1 µs, and
-  a thread that waits for each before issuing the next leaves the memory system idle — decode is
-  *latency*-bound long before it is bandwidth-bound.
-* **Tiled** (prefill): the block loads a ``TILE x TILE`` tile of inputs and one of weights into
-  shared memory and each thread accumulates several outputs from them, so every weight loaded
-  from memory serves ``TILE`` tokens instead of one.
+  output row ``o``; lane ``l`` reads ``W[o, 8l : 8l + 8]``, then 256 further on, ... — eight
+  fp16 weights in one 16-byte load (``loads.py``), consecutive lanes on consecutive addresses —
+  keeping a partial dot product, then the warp adds its partials with shuffles: no shared
+  memory, no barrier. Each lane issues its ``UNROLL`` wide loads before it uses any of them: a
+  load from HBM takes ~1 µs, and a thread that waits for each before issuing the next leaves
+  the memory system idle — a small decode GEMV is *latency*-bound long before it is
+  bandwidth-bound, and what it spends its time on is instructions at a few warps per SM. (For a
+  second token the row is read again, from the L1 cache, where the first one left it.)
+* **Tensor-core tile** (more rows, float16 weights): ``matmul_tc.py``'s ``mma.sync`` tile.
+* **FMA tile** (more rows, float32 weights, or an odd ``I``): the block loads a
+  ``TILE x TILE`` tile of inputs and one of weights into shared memory and each thread
+  accumulates several outputs from them, so every weight loaded serves ``TILE`` tokens.
 
 Two fusions save whole kernels and round trips through memory:
 
@@ -30,10 +33,12 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 from numba import float32
 
 from ..backend import get_backend
 from .loads import VEC, load8, load8_1d
+from .matmul_tc import store_output, tc_matmul
 from .reduce import THREADS, block_sum, cuda, warp_sum
 
 GEMV_MAX_ROWS = 8  # decode batches up to this many tokens take the GEMV path
@@ -58,16 +63,6 @@ def _one_lane(value):
 
 
 lane_sum = _one_lane if LANES == 1 else warp_sum  # the sum over the lanes sharing a row
-
-
-@cuda.jit(device=True, inline=True)
-def store(out, r, o, y, bias, accumulate):
-    """The epilogue both paths share: add the bias, add onto ``out`` (the residual) or replace it."""
-    if bias.shape[0] > 0:
-        y += bias[o]
-    if accumulate:
-        y += out[r, o]
-    out[r, o] = y
 
 
 @cuda.jit(device=True, inline=True)
@@ -152,7 +147,7 @@ def gemv(x, x_rows, norm_w, eps, w, bias, out, accumulate, block, n_blocks):
                 else:
                     dot = lane_sum(row_dot(x, x_rows[r], norm_w, w, o, lane))
                 if lane == 0:
-                    store(out, r, o, dot * inv[r], bias, accumulate)
+                    store_output(out, r, o, dot * inv[r], bias, accumulate)
 
 
 @cuda.jit(device=True, inline=True)
@@ -207,18 +202,62 @@ def tiled_matmul(x, x_rows, norm_w, eps, w, bias, out, accumulate, block, n_bloc
         for m in range(PER_THREAD):
             r = r0 + ty + m * TY_STEP
             if r < R and o < O:
-                store(out, r, o, acc[m] * inv[ty + m * TY_STEP], bias, accumulate)
+                store_output(out, r, o, acc[m] * inv[ty + m * TY_STEP], bias, accumulate)
         cuda.syncthreads()
+
+
+def _tensor_core_or_tiled(x, x_rows, norm_w, eps, w, bias, out, accumulate, block, n_blocks):
+    """Simulator form of ``batched_matmul``: the weights' dtype is known when it runs."""
+    if w.dtype == np.float16 and w.shape[1] % 2 == 0:
+        tc_matmul(x, x_rows, norm_w, eps, w, bias, out, accumulate, block, n_blocks)
+    else:
+        tiled_matmul(x, x_rows, norm_w, eps, w, bias, out, accumulate, block, n_blocks)
+
+
+def _batched_matmul_gpu():
+    """GPU form of ``batched_matmul``: chosen when the kernel is compiled, from the weights'
+    type — float16 weights get the tensor-core tile (``matmul_tc.py``), float32 the FMA tile."""
+    from numba import types
+    from numba.cuda.extending import overload
+
+    def batched_matmul(x, x_rows, norm_w, eps, w, bias, out, accumulate, block, n_blocks):
+        pass
+
+    @overload(batched_matmul, target="cuda")
+    def _choose(x, x_rows, norm_w, eps, w, bias, out, accumulate, block, n_blocks):
+        if w.dtype == types.float16:
+            def on_tensor_cores(x, x_rows, norm_w, eps, w, bias, out, accumulate, block,
+                                n_blocks):
+                if w.shape[1] % 2 == 0:  # the tile reads the weights as fp16 pairs
+                    tc_matmul(x, x_rows, norm_w, eps, w, bias, out, accumulate, block, n_blocks)
+                else:
+                    tiled_matmul(x, x_rows, norm_w, eps, w, bias, out, accumulate, block,
+                                 n_blocks)
+            return on_tensor_cores
+
+        def on_fma(x, x_rows, norm_w, eps, w, bias, out, accumulate, block, n_blocks):
+            tiled_matmul(x, x_rows, norm_w, eps, w, bias, out, accumulate, block, n_blocks)
+        return on_fma
+
+    return batched_matmul
+
+
+# batched_matmul(...): the same contract as ``gemv`` for more than GEMV_MAX_ROWS rows, on tensor
+# cores where the weights are float16 (and I even), on the FMA tile otherwise.
+batched_matmul = (cuda.jit(device=True)(_tensor_core_or_tiled) if get_backend().is_simulator
+                  else _batched_matmul_gpu())
 
 
 @cuda.jit(device=True)
 def linear(x, x_rows, norm_w, eps, w, bias, out, accumulate, block, n_blocks):
     """out (R, O) (+)= rms_norm?(x[x_rows]) @ w.T + bias.
-    x (T, I) f32; x_rows (R,) i32; norm_w (I,) or (0,); w (O, I) f32/f16; bias (O,) or (0,)."""
+    x (T, I) f32; x_rows (R,) i32; norm_w (I,) or (0,); w (O, I) f32/f16; bias (O,) or (0,).
+    The path is chosen from the number of rows, the same way in every executor: a GEMV for a
+    decode batch (R <= GEMV_MAX_ROWS), a tile for more (tensor cores for float16 weights)."""
     if x_rows.shape[0] <= GEMV_MAX_ROWS:
         gemv(x, x_rows, norm_w, eps, w, bias, out, accumulate, block, n_blocks)
     else:
-        tiled_matmul(x, x_rows, norm_w, eps, w, bias, out, accumulate, block, n_blocks)
+        batched_matmul(x, x_rows, norm_w, eps, w, bias, out, accumulate, block, n_blocks)
 
 
 @cuda.jit
@@ -227,7 +266,8 @@ def linear_kernel(x, x_rows, norm_w, eps, w, bias, out, accumulate):
 
 
 def linear_work_items(num_rows: int, out_features: int) -> int:
-    """How many work items ``linear`` has (to size the grid)."""
+    """How many work items ``linear`` has (to size the grid; for more than GEMV_MAX_ROWS rows,
+    the FMA tile's count, which bounds the tensor-core tile's: its tiles are larger)."""
     if num_rows <= GEMV_MAX_ROWS:
         return -(-out_features // ROWS_PER_ITEM)
     return -(-num_rows // TILE) * -(-out_features // TILE)
