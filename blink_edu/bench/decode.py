@@ -27,6 +27,7 @@ import numpy as np
 from ..config import EngineConfig, ModelConfig
 from ..engine.kernel_executor import EagerExecutor, GraphExecutor
 from ..engine.step import pack_step
+from ..kernels.linear import TENSOR_CORES
 from ..config import SamplingParams
 from ..kv.block_manager import BlockManager
 from ..model.bundled import resolve_model_dir
@@ -400,7 +401,8 @@ def main(argv=None) -> int:
     summary["roofline_fraction_135m_b1_graph"] = ratio(big["roofline_us"], tpot_of(big, "graph", 1)) if big else None
     summary["peers"] = ({key: peer_status(r["rows"]) for key, r in results.items()} if args.peers
                         else "not run: --peers was empty")
-    path = write_results("decode", vars(args), results, summary, args.out)
+    path = write_results("decode", {**vars(args), "tensor_cores": TENSOR_CORES}, results, summary,
+                         args.out)
     print("\nsummary:", json.dumps(summary, indent=1))
     print(f"wrote {path}")
     return 0

@@ -32,6 +32,7 @@ Accumulation is float32 whatever the weights' dtype (float32 or float16).
 from __future__ import annotations
 
 import math
+import os
 
 import numpy as np
 from numba import float32
@@ -206,9 +207,14 @@ def tiled_matmul(x, x_rows, norm_w, eps, w, bias, out, accumulate, block, n_bloc
         cuda.syncthreads()
 
 
+# BLINK_EDU_TENSOR_CORES=0 keeps batched steps on the FMA tile (to compare the two, as chapter 02's
+# ladder does); read once, when this module is imported.
+TENSOR_CORES = os.environ.get("BLINK_EDU_TENSOR_CORES", "1").strip() != "0"
+
+
 def _tensor_core_or_tiled(x, x_rows, norm_w, eps, w, bias, out, accumulate, block, n_blocks):
     """Simulator form of ``batched_matmul``: the weights' dtype is known when it runs."""
-    if w.dtype == np.float16 and w.shape[1] % 2 == 0:
+    if TENSOR_CORES and w.dtype == np.float16 and w.shape[1] % 2 == 0:
         tc_matmul(x, x_rows, norm_w, eps, w, bias, out, accumulate, block, n_blocks)
     else:
         tiled_matmul(x, x_rows, norm_w, eps, w, bias, out, accumulate, block, n_blocks)
@@ -225,7 +231,7 @@ def _batched_matmul_gpu():
 
     @overload(batched_matmul, target="cuda")
     def _choose(x, x_rows, norm_w, eps, w, bias, out, accumulate, block, n_blocks):
-        if w.dtype == types.float16:
+        if TENSOR_CORES and w.dtype == types.float16:
             def on_tensor_cores(x, x_rows, norm_w, eps, w, bias, out, accumulate, block,
                                 n_blocks):
                 if w.shape[1] % 2 == 0:  # the tile reads the weights as fp16 pairs
