@@ -1,7 +1,7 @@
 """The forward pass as a numbered list of ops: one device function, two ways to run it.
 
 Blink §3 and §7 (the persistent scheduler *dispatches* each step's forward pass: inline, inside
-its own kernel, or by launching the graph executor's graphs from the GPU) and DESIGN.md §2. A step
+its own kernel, or by launching the graph executor's graphs from the GPU) and docs/design.md §2. A step
 of the model is always the same sequence of ops::
 
     k = 0                EMBED

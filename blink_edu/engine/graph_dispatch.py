@@ -3,7 +3,7 @@ from the GPU, and waits for it on the GPU.
 
 Blink §3 and §7 (the persistent scheduler "launches the graph executor's captured graphs with
 device-side graph launch, fire-and-forget", detects completion by polling, and re-launches itself
-as a *tail launch* before the limit of 120 launches per graph execution) and DESIGN.md §4 (device
+as a *tail launch* before the limit of 120 launches per graph execution) and docs/design.md §4 (device
 launch from a Numba kernel works: a small CUDA C++ shim, ``cuda.declare_device``, linked with
 ``libcudadevrt``; ~1.9 µs of GPU time per child graph, ~4.3 µs per tail self-relaunch).
 

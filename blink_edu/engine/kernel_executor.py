@@ -1,6 +1,6 @@
 """The kernel executors: the model as Numba CUDA kernels, driven by the host — eager or graph.
 
-DESIGN.md §2 ("three executors, one model") and Blink §2 (why host-driven loops are slow).
+docs/design.md §2 ("three executors, one model") and Blink §2 (why host-driven loops are slow).
 Both executors run the *same* kernel launches on the *same* buffers; they differ only in who
 issues them:
 

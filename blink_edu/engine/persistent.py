@@ -1,7 +1,7 @@
 """The persistent executor, host side: set the kernel up, launch it once, stay out of the way.
 
 Blink §3 ("Host loads model + captures CUDA graphs at startup, then exits" the loop) and §7;
-DESIGN.md §2 (the *persistent* executor). Two dispatchers run a step's forward pass:
+docs/design.md §2 (the *persistent* executor). Two dispatchers run a step's forward pass:
 ``dispatch="inline"`` — inside the one cooperative kernel (``persistent_kernel.py``), or
 ``dispatch="graph"`` — a one-block scheduler kernel that launches a captured CUDA graph per step
 from the GPU (``graph_dispatch.py``, GPU only). This module

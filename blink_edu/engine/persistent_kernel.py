@@ -1,7 +1,7 @@
 """The persistent scheduler kernel: one GPU kernel that owns the serving loop, forever.
 
 Blink §3 ("a persistent GPU-resident scheduler ... scan ring buffer -> claim via atomic CAS ->
-batch -> run -> publish tokens") and §7, DESIGN.md §2 (*inline* dispatch: the forward pass runs
+batch -> run -> publish tokens") and §7, docs/design.md §2 (*inline* dispatch: the forward pass runs
 inside the same cooperative kernel, its phases separated by grid barriers — the MPK-style
 megakernel, and the only form that runs in Numba's simulator).
 
@@ -47,12 +47,12 @@ lane (``bench.persistent`` reports the time of each phase).
 
 **KV blocks** come from a stack of free block ids (``free_blocks``, ``free_top``). Admission
 reserves every block a request can need (prompt + max_tokens - 1 tokens), so a running request
-never runs out and no preemption is needed on this path (DECODE_PAUSED rotation is issue 7/8's, on
+never runs out and no preemption is needed on this path (DECODE_PAUSED rotation belongs to
 the host-driven path); requests that do not fit wait in the ring, PREFILL_PENDING, in order.
 
 **Claiming.** Only one thread (block 0, thread 0) ever moves a slot out of PREFILL_PENDING, and no
 other agent may: the state machine gives PENDING slots to the engine alone. A compare-and-swap
-makes the claim; on PCIe-mapped host memory GPU atomics are not coherent with the host (DESIGN.md
+makes the claim; on PCIe-mapped host memory GPU atomics are not coherent with the host (docs/design.md
 §5), so there the claim is ``load_acquire`` == PENDING followed by ``store_release`` — the same
 guarantee with one claimer.
 """

@@ -1,6 +1,6 @@
 """Numba CUDA kernels for the whole model: one device function per op, three ways to drive it.
 
-DESIGN.md §2 ("write each op once"). Every op is a ``@cuda.jit(device=True)`` function that takes
+docs/design.md §2 ("write each op once"). Every op is a ``@cuda.jit(device=True)`` function that takes
 its share of the work: it loops over *work items* (a row, a token, a (token, head) pair...) with
 ``item = block; item < n_items; item += n_blocks``, and the threads of one CUDA block cooperate
 on each item. So the same function serves

@@ -1,7 +1,7 @@
 """Gathering KV blocks into one contiguous staging buffer, and scattering them back.
 
-SuperInfer §4 (DuplexKV's layout transformation + batched transfer) and DESIGN.md §6. The link
-between GPU and host runs at full speed only for copies of several MiB (DESIGN.md §4: 64 KiB
+SuperInfer §4 (DuplexKV's layout transformation + batched transfer) and docs/design.md §6. The link
+between GPU and host runs at full speed only for copies of several MiB (docs/design.md §4: 64 KiB
 copies reach ~20 GB/s on PCIe, >= 8 MiB copies ~55). The blocks a step wants to move are scattered
 over the pool, so DuplexKV first *gathers* them, on the GPU at HBM speed, into one contiguous
 staging buffer, and moves that with a single large copy; the way back is a large copy into

@@ -1,6 +1,6 @@
 """Talking to other agents from inside a kernel: acquire loads, release stores, the GPU clock.
 
-Blink §3 (the persistent scheduler polls a ring buffer that the frontend writes) and DESIGN.md §5
+Blink §3 (the persistent scheduler polls a ring buffer that the frontend writes) and docs/design.md §5
 ("Polling"). A kernel that never returns must read words that *someone else* — the host, another
 process — keeps changing, and must publish its own results so that they see them in order.
 Ordinary loads and stores do not promise either:
