@@ -24,7 +24,7 @@ from __future__ import annotations
 
 from ..kernels.attention import paged_attention
 from ..kernels.elementwise import elementwise_items, embed_tokens, swiglu
-from ..kernels.linear import GEMV_MAX_ROWS, linear, linear_work_items
+from ..kernels.linear import GEMV_MAX_ROWS, linear_in_megakernel, linear_work_items
 from ..kernels.reduce import cuda, grid_for
 from ..kernels.rope import rope_and_write_kv, rope_work_items
 from ..kernels.sampling import sample_rows
@@ -64,7 +64,7 @@ def forward_op(op, i, T, R, embed, attn_norm, w_qkv, b_qkv, w_o, b_o, mlp_norm, 
     if op == EMBED:
         embed_tokens(embed, token_ids[:T], x[:T], blk, nb)
     elif op == QKV:
-        linear(x[:T], rows, attn_norm[i], eps, w_qkv[i], b_qkv[i], qkv[:T], 0, blk, nb)
+        linear_in_megakernel(x[:T], rows, attn_norm[i], eps, w_qkv[i], b_qkv[i], qkv[:T], 0, blk, nb)
     elif op == ROPE_KV:
         rope_and_write_kv(qkv[:T], positions[:T], seq_rows[:T], block_tables, cos, sin, kv_pool,
                           i, num_heads, num_kv_heads, blk, nb)
@@ -72,15 +72,15 @@ def forward_op(op, i, T, R, embed, attn_norm, w_qkv, b_qkv, w_o, b_o, mlp_norm, 
         paged_attention(qkv[:T], positions[:T], seq_rows[:T], block_tables, kv_pool, i,
                         num_heads, num_kv_heads, attn[:T], blk, nb)
     elif op == O_PROJ:
-        linear(attn[:T], rows, no_norm, eps, w_o[i], b_o[i], x[:T], 1, blk, nb)
+        linear_in_megakernel(attn[:T], rows, no_norm, eps, w_o[i], b_o[i], x[:T], 1, blk, nb)
     elif op == GATE_UP:
-        linear(x[:T], rows, mlp_norm[i], eps, w_gate_up[i], b_gate_up[i], gate_up[:T], 0, blk, nb)
+        linear_in_megakernel(x[:T], rows, mlp_norm[i], eps, w_gate_up[i], b_gate_up[i], gate_up[:T], 0, blk, nb)
     elif op == SWIGLU:
         swiglu(gate_up[:T], act[:T], blk, nb)
     elif op == DOWN:
-        linear(act[:T], rows, no_norm, eps, w_down[i], b_down[i], x[:T], 1, blk, nb)
+        linear_in_megakernel(act[:T], rows, no_norm, eps, w_down[i], b_down[i], x[:T], 1, blk, nb)
     elif op == LM_HEAD:
-        linear(x[:T], logit_rows[:R], final_norm, eps, lm_head, no_norm, logits[:R], 0, blk, nb)
+        linear_in_megakernel(x[:T], logit_rows[:R], final_norm, eps, lm_head, no_norm, logits[:R], 0, blk, nb)
     else:
         sample_rows(logits[:R], step_temperature[:R], step_top_p[:R], step_top_k[:R],
                     step_seeds[:R], counters[:R], tokens[:R], blk, nb)

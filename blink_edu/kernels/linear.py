@@ -229,7 +229,7 @@ def _batched_matmul_gpu():
     def batched_matmul(x, x_rows, norm_w, eps, w, bias, out, accumulate, block, n_blocks):
         pass
 
-    @overload(batched_matmul, target="cuda")
+    @overload(batched_matmul, target="cuda", inline="always")
     def _choose(x, x_rows, norm_w, eps, w, bias, out, accumulate, block, n_blocks):
         if TENSOR_CORES and w.dtype == types.float16:
             def on_tensor_cores(x, x_rows, norm_w, eps, w, bias, out, accumulate, block,
@@ -264,6 +264,18 @@ def linear(x, x_rows, norm_w, eps, w, bias, out, accumulate, block, n_blocks):
         gemv(x, x_rows, norm_w, eps, w, bias, out, accumulate, block, n_blocks)
     else:
         batched_matmul(x, x_rows, norm_w, eps, w, bias, out, accumulate, block, n_blocks)
+
+
+@cuda.jit(device=True)
+def linear_in_megakernel(x, x_rows, norm_w, eps, w, bias, out, accumulate, block, n_blocks):
+    """``linear`` for a kernel that runs *every* op of a step (the persistent kernel's forward and
+    its device-graph nodes, ``engine/forward_ops.py``): the GEMV, and the FMA tile for more rows.
+    Static shared memory is per kernel (48 KB) and every op's arrays add up in it; the
+    tensor-core tile's double-buffered tiles (~28 KB) do not fit beside the others there."""
+    if x_rows.shape[0] <= GEMV_MAX_ROWS:
+        gemv(x, x_rows, norm_w, eps, w, bias, out, accumulate, block, n_blocks)
+    else:
+        tiled_matmul(x, x_rows, norm_w, eps, w, bias, out, accumulate, block, n_blocks)
 
 
 @cuda.jit

@@ -195,7 +195,7 @@ else:
         half and w[o, 2j + 1] in its high half — one 4-byte load brings two weights. Other
         weights are refused when the kernel is compiled (they would be read as garbage)."""
 
-    @overload(fp16_pairs, target="cuda")
+    @overload(fp16_pairs, target="cuda", inline="always")
     def _fp16_pairs(w):
         if not (isinstance(w, types.Array) and w.ndim == 2 and w.dtype == types.float16):
             raise TypingError(f"tc_matmul takes (O, I) float16 weights, got {w}")

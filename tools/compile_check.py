@@ -1,0 +1,157 @@
+"""Compile the op kernels for an H100/H200 (sm_90) on a machine with no GPU: PTX through libnvvm,
+then ptxas for each kernel's registers, spills and shared memory. It catches what the simulator
+cannot (invalid IR from an intrinsic, a type the GPU compiler refuses, register spills) at no
+device time.
+
+    python tools/compile_check.py [--out DIR]   # needs the CUDA toolkit's libnvvm and ptxas
+
+Numba asks the driver for the device's compute capability and the supported targets; with no
+driver they are answered here (sm_90), which is the only patching this script does.
+"""
+from __future__ import annotations
+
+import argparse
+import glob
+import json
+import os
+import re
+import subprocess
+import sys
+import types as pytypes
+from pathlib import Path
+
+os.environ["NUMBA_ENABLE_CUDASIM"] = "0"
+import numpy as np  # noqa: E402
+
+if not hasattr(np, "row_stack"):
+    np.row_stack = np.vstack
+from numba import cuda, types  # noqa: E402
+from numba.np import numpy_support  # noqa: E402
+
+import blink_edu.backend as backend  # noqa: E402
+
+backend._backend = backend.Backend(name="gpu", cuda=cuda, xp=np, device_name="none (PTX only)")
+import numba.cuda.cudadrv.libs as libs  # noqa: E402
+import numba.cuda.cudadrv.nvrtc as nvrtc  # noqa: E402
+import numba.cuda.cudadrv.nvvm as nvvm  # noqa: E402
+import numba.cuda.dispatcher as dispatcher  # noqa: E402
+
+dispatcher.get_current_device = lambda: pytypes.SimpleNamespace(compute_capability=(9, 0))
+nvrtc.get_supported_ccs = lambda: ((7, 5), (8, 0), (8, 6), (8, 9), (9, 0))
+LIBDEVICE = sorted(glob.glob("/usr/local/cuda*/nvvm/libdevice/libdevice.10.bc"))[-1]
+libs.get_libdevice = lambda: LIBDEVICE
+nvvm.get_libdevice = libs.get_libdevice
+
+
+def arr(dtype, ndim):
+    return types.Array(dtype, ndim, "C")
+
+
+F32, I32, F16 = types.float32, types.int32, types.float16
+
+
+def kernels():
+    """(name, python function, signature) of every op kernel, as the executors launch them."""
+    from blink_edu.kernels import attention, elementwise, linear, rope, sampling
+    lin = lambda w: (arr(F32, 2), arr(I32, 1), arr(F32, 1), F32, arr(w, 2), arr(F32, 1),  # noqa: E731
+                     arr(F32, 2), types.int64)
+    return [
+        ("linear_fp16", linear.linear_kernel.py_func, lin(F16)),
+        ("linear_fp32", linear.linear_kernel.py_func, lin(F32)),
+        ("paged_attention", attention.paged_attention_kernel.py_func,
+         (arr(F32, 2), arr(I32, 1), arr(I32, 1), arr(I32, 2), arr(F32, 6), types.int64,
+          types.int64, types.int64, arr(F32, 2))),
+        ("rope_and_write_kv", rope.rope_and_write_kv_kernel.py_func,
+         (arr(F32, 2), arr(I32, 1), arr(I32, 1), arr(I32, 2), arr(F32, 2), arr(F32, 2),
+          arr(F32, 6), types.int64, types.int64, types.int64)),
+        ("swiglu", elementwise.swiglu_kernel.py_func, (arr(F32, 2), arr(F32, 2))),
+        ("sample_rows", sampling.sample_rows_kernel.py_func,
+         (arr(F32, 2), arr(F32, 1), arr(F32, 1), arr(I32, 1), arr(types.uint32, 1),
+          arr(I32, 1), arr(I32, 1))),
+    ]
+
+
+# Run in a simulator process: the persistent executor's kernel arguments, as (dtype, ndim) of each
+# array or the type name of each scalar, for the micro model with fp16 weights.
+ARGUMENTS_OF_THE_PERSISTENT_KERNELS = """
+import json, numpy as np
+from blink_edu.config import EngineConfig
+from blink_edu.engine.persistent import PersistentExecutor
+from blink_edu.model.micro import micro_weights
+from blink_edu.ring import Ring, RingLayout
+layout = RingLayout(num_slots=8, max_prompt_tokens=16, max_output_tokens=8)
+executor = PersistentExecutor(micro_weights(seed=3, num_attention_heads=4, num_key_value_heads=2),
+                              EngineConfig(block_size=4, num_kv_blocks=12, max_num_seqs=2,
+                                           max_num_batched_tokens=8),
+                              Ring(bytearray(layout.nbytes), layout), weight_dtype=np.float16)
+m, b, s = executor.model, executor.buffers, executor.scheduler_state
+forward = (m["embed"], m["attn_norm"], m["w_qkv"], m["b_qkv"], m["w_o"], m["b_o"], m["mlp_norm"],
+           m["w_gate_up"], m["b_gate_up"], m["w_down"], m["b_down"], m["final_norm"], m["lm_head"],
+           m["no_norm"], np.float32(1e-5), m["cos"], m["sin"], m["kv_pool"], 4, 2, b["x"], b["qkv"],
+           b["attn"], b["gate_up"], b["act"], b["logits"], b["all_rows"], b["token_ids"],
+           b["positions"], b["seq_rows"], s["block_tables"], b["logit_rows"], b["step_temperature"],
+           b["step_top_p"], b["step_top_k"], b["step_seeds"], b["counters"], b["tokens"])
+def describe(a):
+    a = getattr(a, "_ary", a)  # the simulator's device-array wrapper
+    if isinstance(a, np.ndarray):
+        return [str(a.dtype), a.ndim]
+    return [type(a).__name__, None]
+print(json.dumps({"persistent": [describe(a) for a in executor._args()],
+                  "forward_op": [["int", None], ["int", None], ["int64", 1]]
+                                + [describe(a) for a in forward]}))
+"""
+
+
+def persistent_kernel_types() -> dict[str, tuple]:
+    """The argument types of the two persistent kernels, from a simulator-built executor."""
+    env = {**os.environ, "BLINK_EDU_BACKEND": "sim", "NUMBA_ENABLE_CUDASIM": "1"}
+    done = subprocess.run([sys.executable, "-c", ARGUMENTS_OF_THE_PERSISTENT_KERNELS], env=env,
+                          capture_output=True, text=True, check=True)
+    scalars = {"int": types.int64, "float32": types.float32, "float": types.float64,
+               "bool": types.boolean}
+
+    def numba_type(dtype, ndim):
+        return scalars[dtype] if ndim is None else arr(numpy_support.from_dtype(np.dtype(dtype)), ndim)
+
+    described = json.loads(done.stdout.strip().splitlines()[-1])
+    return {name: tuple(numba_type(*d) for d in args) for name, args in described.items()}
+
+
+def persistent_kernels():
+    from blink_edu.engine import forward_ops, persistent_kernel
+    sigs = persistent_kernel_types()
+    return [("persistent_inline", persistent_kernel.persistent_scheduler_kernel.py_func,
+             sigs["persistent"]),
+            ("forward_op (graph)", forward_ops.forward_op_kernel.py_func, sigs["forward_op"])]
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--out", default="/tmp/blink_edu_ptx", help="folder for the .ptx files")
+    args = parser.parse_args()
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    failed = 0
+    for name, func, sig in kernels() + persistent_kernels():
+        try:
+            ptx, _ = cuda.compile_ptx(func, sig, cc=(9, 0))
+        except Exception as err:  # noqa: BLE001 - reported, then the next kernel
+            print(f"{name:20s} FAILED to compile: {type(err).__name__}: {str(err)[:int(os.environ.get('ERRLEN', '300'))]}")
+            failed += 1
+            continue
+        path = out / f"{name}.ptx"
+        path.write_text(ptx)
+        report = subprocess.run(["ptxas", "-arch=sm_90", "-v", str(path), "-o", os.devnull],
+                                capture_output=True, text=True)
+        regs = re.findall(r"Used (\d+) registers", report.stderr)
+        spills = re.findall(r"(\d+) bytes spill stores", report.stderr)
+        smem = re.findall(r"(\d+) bytes smem", report.stderr)
+        print(f"{name:20s} regs {','.join(regs) or '?':>7s}  spill stores {','.join(spills) or '0':>5s} B"
+              f"  smem {','.join(smem) or '0':>6s} B  ld.global.v4 {ptx.count('ld.global.v4'):3d}"
+              f"  mma {ptx.count('mma.sync'):3d}" + ("" if report.returncode == 0 else "  ptxas FAILED"))
+        failed += report.returncode != 0
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
