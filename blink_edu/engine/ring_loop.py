@@ -11,6 +11,12 @@ poll for completion -> publish tokens") and DESIGN.md §2. This is that loop in 
     engine.step()  ->  publish each new token: arena first, then `generated` (then the state)
     requests rotated out to host memory (DuplexKV)  ->  DECODE_PAUSED, and back
 
+**Idle.** An iteration that finds nothing to do naps before the next (``IdleNap``): 100 µs
+at first, doubling while the ring stays quiet, up to 1 ms; any work resets it. A loop that
+napped 100 µs forever cost a quarter of a CPU core doing nothing; the longest nap adds at most
+1 ms (half of it on average) to the first token of a request that arrives after a quiet spell.
+(Blink's persistent kernel spins on the GPU; its host side polls only for statistics.)
+
 The engine uses the slot number as its request id: a slot holds one request at a time. A slot
 whose payload is invalid (a token id outside the vocabulary, a size out of range, bad sampling
 parameters) is completed at once with finish reason "error"; nothing else is affected.
@@ -29,19 +35,43 @@ from ..ring.layout import (DECODE_COMPLETED, DECODE_PAUSED, DECODE_PROCESSING, F
 from .llm_engine import LLMEngine, StepOutput
 
 
+class IdleNap:
+    """Exponential backoff for a polling loop: ``after(worked)`` is how long to nap now --
+    0 after an iteration that worked, else ``shortest_s`` doubling on each quiet iteration in a
+    row, up to ``longest_s``. ``shortest_s=0``: never nap (spin)."""
+
+    def __init__(self, shortest_s: float = 1e-4, longest_s: float = 1e-3):
+        if not 0 <= shortest_s <= longest_s:
+            raise ValueError(f"need 0 <= shortest_s <= longest_s, got {shortest_s}, {longest_s}")
+        self.shortest_s, self.longest_s = shortest_s, longest_s
+        self.next_s = shortest_s
+
+    def after(self, worked: bool) -> float:
+        if worked:
+            self.next_s = self.shortest_s
+            return 0.0
+        nap = self.next_s
+        self.next_s = min(2 * nap, self.longest_s)
+        return nap
+
+
 class RingEngineLoop:
-    def __init__(self, ring: Ring, engine: LLMEngine, idle_sleep_s: float = 1e-4):
+    def __init__(self, ring: Ring, engine: LLMEngine, idle_sleep_s: float = 1e-4,
+                 max_idle_sleep_s: float = 1e-3):
         self.ring = ring
         self.engine = engine
-        self.idle_sleep_s = idle_sleep_s  # how long `run` naps when an iteration found no work
+        # how long `run` naps when an iteration found no work: idle_sleep_s at first, doubling
+        # up to max_idle_sleep_s while nothing happens
+        self.nap = IdleNap(idle_sleep_s, max(idle_sleep_s, max_idle_sleep_s))
         self.live: set[int] = set()  # slots claimed and not yet completed
         self._doorbell_seen = 0
 
     def run(self, stop_event: threading.Event) -> None:
         """Iterate until ``stop_event`` is set (a GPU kernel would poll a stop flag instead)."""
         while not stop_event.is_set():
-            if not self.run_once():
-                stop_event.wait(self.idle_sleep_s)
+            nap = self.nap.after(self.run_once())
+            if nap:
+                stop_event.wait(nap)
 
     def run_once(self) -> bool:
         """One iteration of the scheduler loop; True if it did any work."""
