@@ -167,6 +167,10 @@ class LLMEngine:
         if bad:
             raise ValueError(f"request {request_id!r}: token id(s) {bad[:5]} outside the "
                              f"vocabulary [0, {vocab})")
+        bad = [t for t, _ in params.logit_bias if t >= vocab]
+        if bad:
+            raise ValueError(f"request {request_id!r}: logit_bias names token id(s) {bad[:5]} "
+                             f"outside the vocabulary [0, {vocab})")
         if request_id in self.requests:
             raise ValueError(f"request id {request_id!r} is already in use")
         if arrival_time is not None and not math.isfinite(arrival_time):

@@ -37,5 +37,6 @@ class ReferenceExecutor:
         with self._threadpools.limit(limits=self.blas_threads, user_api="blas"):
             logits = reference.forward(self.weights, self.kv_pool, batch.token_ids, batch.positions,
                                        batch.seq_rows, batch.block_tables, batch.logit_rows)  # (S, V)
+        logits = batch.adjusted_logits(logits)  # logit_bias and penalties, if any
         return np.array([sample(logits[s], batch.sampling_params(s), int(batch.seeds[s]),
                                 int(batch.counters[s])) for s in range(batch.num_seqs)], np.int32)

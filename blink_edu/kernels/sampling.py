@@ -12,6 +12,11 @@ sequence, with reductions instead of a sort:
   vocabulary, an exclusive prefix sum over threads says where each slice starts, and the thread
   whose slice holds ``u * mass`` walks it to the token (inverse CDF in id order).
 
+Logit adjustments (``logit_bias``, presence and frequency penalties) come before, in their own
+small kernel, ``adjust_logits_kernel``: the host sends each row's ``(token, delta)`` pairs (each
+token once, so no two threads touch one logit) and the kernel adds them in place. A step without
+any is not launched at all.
+
 ``u`` comes from the same counter-based hash (``lowbias32``) as the reference, computed with
 64-bit integers and masks so that it is bit-identical on every backend.
 """
@@ -173,3 +178,17 @@ def sample_rows(logits, temperature, top_p, top_k, seeds, counters, out_tokens, 
 def sample_rows_kernel(logits, temperature, top_p, top_k, seeds, counters, out_tokens):
     sample_rows(logits, temperature, top_p, top_k, seeds, counters, out_tokens,
                 cuda.blockIdx.x, cuda.gridDim.x)
+
+
+@cuda.jit(device=True)
+def adjust_rows(logits, adjust_ids, adjust_deltas, adjust_len, block, n_blocks):
+    """logits[s, adjust_ids[s, j]] += adjust_deltas[s, j] for j < adjust_len[s], in place.
+    logits (S, V) f32; adjust_ids (S, P) i32 (distinct per row); adjust_deltas (S, P) f32."""
+    for s in range(block, logits.shape[0], n_blocks):
+        for j in range(cuda.threadIdx.x, adjust_len[s], THREADS):
+            logits[s, adjust_ids[s, j]] += adjust_deltas[s, j]
+
+
+@cuda.jit
+def adjust_logits_kernel(logits, adjust_ids, adjust_deltas, adjust_len):
+    adjust_rows(logits, adjust_ids, adjust_deltas, adjust_len, cuda.blockIdx.x, cuda.gridDim.x)

@@ -11,7 +11,8 @@ from blink_edu.kernels.elementwise import embed_tokens_kernel, swiglu_kernel
 from blink_edu.kernels.linear import GEMV_MAX_ROWS, linear_kernel, linear_work_items
 from blink_edu.kernels.reduce import THREADS, block_exclusive_sum, cuda, grid_for
 from blink_edu.kernels.rope import rope_and_write_kv_kernel
-from blink_edu.kernels.sampling import sample_rows_kernel
+from blink_edu.engine.step import pack_adjustments
+from blink_edu.kernels.sampling import adjust_logits_kernel, sample_rows_kernel
 from blink_edu.kernels.sampling import uniform as ks_uniform
 from blink_edu.model import reference as ref
 from blink_edu.model.sampling import sample, uniform
@@ -168,6 +169,30 @@ def test_sampling_matches_reference(rng, case):
         dev(seeds), dev(counters), out)
     expected = [sample(logits[s], params, int(seeds[s]), int(counters[s])) for s in range(S)]
     assert out.copy_to_host().tolist() == expected
+
+
+def test_sampling_with_logit_adjustments_matches_reference(rng):
+    """logit_bias and penalties: the adjustment kernel, then the sampler, give the reference's
+    tokens (greedy and sampled rows; one row without adjustments among them)."""
+    S, V = 3, 300
+    logits = (2 * rng.standard_normal((S, V))).astype(np.float32)
+    outputs = [rng.integers(0, V, size=12).tolist() for _ in range(S)]
+    params = [SamplingParams(temperature=0, frequency_penalty=1.5, presence_penalty=0.5,
+                             logit_bias=((int(np.argmax(logits[0])), -100.0),)),
+              SamplingParams(temperature=0.9, logit_bias=((int(rng.integers(V)), 100.0),)),
+              SamplingParams(temperature=0)]
+    ids, deltas, lengths = pack_adjustments(params, outputs)
+    seeds = rng.integers(0, 2**31, size=S).astype(np.uint32)
+    counters = np.array([len(o) for o in outputs], np.int32)
+    d_logits, out = dev(logits), dev(np.full(S, -1, np.int32))
+    adjust_logits_kernel[grid_for(S), THREADS](d_logits, dev(ids), dev(deltas), dev(lengths))
+    sample_rows_kernel[grid_for(S), THREADS](
+        d_logits, dev(np.array([p.temperature for p in params], np.float32)),
+        dev(np.ones(S, np.float32)), dev(np.zeros(S, np.int32)), dev(seeds), dev(counters), out)
+    expected = [sample(logits[s], params[s], int(seeds[s]), int(counters[s]), outputs[s])
+                for s in range(S)]
+    assert out.copy_to_host().tolist() == expected
+    assert expected[0] != int(np.argmax(logits[0])) and expected[1] == params[1].logit_bias[0][0]
 
 
 @cuda.jit
