@@ -156,6 +156,7 @@ class EagerExecutor:
         self.dev = {k: cuda.to_device(v) for k, v in self.host.items()}
         self._views: dict[tuple[int, int], dict] = {}
         self._adjustments = None  # this step's logit adjustments on the device (stage_adjustments)
+        self.logits_out = None  # (S, V) the last step's logits, when it asked for logprobs
 
     # --- plumbing --------------------------------------------------------------------------
     def _make_stream(self):
@@ -314,7 +315,15 @@ class EagerExecutor:
         self.stage_adjustments(batch, s_b)
         self.run_bucket(s_b, t_b)
         self.synchronize()
+        self.keep_logits(batch)
         return np.array(self.host["tokens"][: batch.num_seqs], dtype=np.int32)
+
+    def keep_logits(self, batch: StepBatch) -> None:
+        """``logits_out``: the step's (S, V) logits on the host when a row asked for logprobs
+        (one device-to-host copy then; none otherwise)."""
+        self.logits_out = None
+        if batch.num_logprobs is not None:
+            self.logits_out = self.logits[:batch.num_seqs].copy_to_host()
 
 
 class GraphExecutor(EagerExecutor):
@@ -369,4 +378,5 @@ class GraphExecutor(EagerExecutor):
         self.stage_inputs(batch, s_b, t_b)
         self.graphs[(s_b, t_b)].launch(self._cupy_stream)
         self.synchronize()
+        self.keep_logits(batch)
         return np.array(self.host["tokens"][: batch.num_seqs], dtype=np.int32)

@@ -13,6 +13,10 @@ travel as a padded list of ``(token, delta)`` pairs per row -- ``adjust_ids`` / 
 (S, P) with ``adjust_len`` (S,) valid entries each, built on the host from each sequence's
 generated tokens -- and every executor adds them to the logits before sampling. A step in which
 no sequence asks for one carries ``adjust_len = None``: no arrays, no extra work.
+
+**Log-probabilities**: when some row asks (``num_logprobs``), the executor also leaves the
+step's (adjusted) logits, (S, V) float32 on the host, in its ``logits_out``; the engine computes
+the log-probabilities there (``model.sampling.token_logprobs``).
 """
 
 from __future__ import annotations
@@ -48,6 +52,9 @@ class StepBatch:
     adjust_ids: np.ndarray | None = None  # (S, P) int32 tokens whose logit changes, each once
     adjust_deltas: np.ndarray | None = None  # (S, P) float32 what is added to them
     adjust_len: np.ndarray | None = None  # (S,) int32 valid pairs per row; None: none anywhere
+    # (S,) int32 how many top log-probabilities each row reports (-1: none; 0: the chosen
+    # token's only); None: no row asks, and the executor keeps no logits for them
+    num_logprobs: np.ndarray | None = None
 
     @property
     def num_tokens(self) -> int:
@@ -101,6 +108,9 @@ def pack_step(chunks: list[tuple[list[int], int]], block_tables: np.ndarray,
     i32 = np.int32
     adjust_ids, adjust_deltas, adjust_len = pack_adjustments(
         params, outputs if outputs is not None else [[] for _ in params])
+    num_logprobs = None
+    if any(p.logprobs is not None for p in params):
+        num_logprobs = np.array([-1 if p.logprobs is None else p.logprobs for p in params], i32)
     return StepBatch(
         token_ids=np.asarray(ids, i32), positions=np.asarray(pos, i32), seq_rows=np.asarray(rows, i32),
         block_tables=np.ascontiguousarray(block_tables, i32), logit_rows=np.asarray(last, i32),
@@ -109,4 +119,5 @@ def pack_step(chunks: list[tuple[list[int], int]], block_tables: np.ndarray,
         top_k=np.asarray([p.top_k for p in params], i32),
         seeds=np.asarray(seeds, np.uint32), counters=np.asarray(counters, i32),
         adjust_ids=adjust_ids, adjust_deltas=adjust_deltas, adjust_len=adjust_len,
+        num_logprobs=num_logprobs,
     )

@@ -3,6 +3,10 @@ counter-based RNG.
 
 The reference that the GPU sampling kernel reproduces token for token.
 
+**Log-probabilities** (``token_logprobs``, for a request's ``logprobs``) are those of the
+distribution the sampler starts from: the model's logits after the logit adjustments, before
+temperature, top-k and top-p (as vLLM reports them), computed on the host from the step's logits.
+
 **Logit adjustments first** (OpenAI's definitions). For a token ``t`` generated ``c[t]`` times
 so far by this request::
 
@@ -34,6 +38,8 @@ draw with a block-wide prefix sum.
 """
 
 from __future__ import annotations
+
+from typing import NamedTuple
 
 import numpy as np
 
@@ -110,3 +116,20 @@ def sample(logits: np.ndarray, params: SamplingParams, seed: int, counter: int,
     target = uniform(seed, counter) * running[-1]
     pick = int(np.searchsorted(running, target, side="right"))
     return min(pick, int(np.flatnonzero(p)[-1]))
+
+
+class TokenLogprobs(NamedTuple):
+    """The chosen token's log-probability and the ``n`` most likely ``(token, logprob)`` pairs,
+    most likely first (ties: lowest id first)."""
+
+    logprob: float
+    top: tuple[tuple[int, float], ...]
+
+
+def token_logprobs(logits: np.ndarray, token: int, top_n: int) -> TokenLogprobs:
+    """Log-softmax of ``logits`` (V,): ``token``'s entry and the ``top_n`` largest."""
+    z = logits.astype(np.float64)  # (V,)
+    z = z - z.max()
+    logp = z - np.log(np.exp(z).sum())  # (V,)
+    best = np.lexsort((np.arange(logp.size), -logp))[:top_n]  # (top_n,) by logprob, then id
+    return TokenLogprobs(float(logp[token]), tuple((int(t), float(logp[t])) for t in best))

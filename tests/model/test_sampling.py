@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from blink_edu.config import SamplingParams
-from blink_edu.model.sampling import logit_adjustments, sample, uniform
+from blink_edu.model.sampling import logit_adjustments, sample, token_logprobs, uniform
 
 
 def test_uniform_is_a_deterministic_function_in_range():
@@ -94,3 +94,14 @@ def test_a_frequency_penalty_changes_the_greedy_token_once_it_repeats(rng):
     presence = SamplingParams(temperature=0, presence_penalty=2.0)
     expected = best if gap > 2.0 else second
     assert sample(logits, presence, 0, 0, output_token_ids=[best] * 5) == expected
+
+
+def test_token_logprobs_are_the_log_softmax(rng):
+    logits = (3 * rng.standard_normal(50)).astype(np.float32)
+    token = int(rng.integers(50))
+    got = token_logprobs(logits, token, top_n=4)
+    logp = logits.astype(np.float64) - np.log(np.exp(logits.astype(np.float64)).sum())
+    assert got.logprob == pytest.approx(logp[token])
+    assert [t for t, _ in got.top] == np.argsort(-logp)[:4].tolist()
+    assert [lp for _, lp in got.top] == pytest.approx(np.sort(logp)[::-1][:4])
+    assert token_logprobs(logits, token, top_n=0).top == ()
