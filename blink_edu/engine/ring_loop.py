@@ -8,7 +8,8 @@ poll for completion -> publish tokens") and DESIGN.md §2. This is that loop in 
     if doorbell moved:  scan PREFILL_PENDING slots, oldest arrival first;
                         cas -> PREFILL_PROCESSING; engine.add_request(..., request_id=slot)
     for each live slot with its cancel flag up:  engine.abort(slot), complete it with "abort"
-    engine.step()  ->  publish each new token: arena first, then `generated` (then the state)
+    engine.step()  ->  publish each new token (and its logprobs, if asked): arena first, then
+                       `generated` (then the state)
     requests rotated out to host memory (DuplexKV)  ->  DECODE_PAUSED, and back
 
 **Idle.** An iteration that finds nothing to do naps before the next (``IdleNap``): 100 µs
@@ -138,8 +139,19 @@ class RingEngineLoop:
             top_k=int(ring.top_k[slot]), max_tokens=max_tokens,
             seed=None if seed < 0 else seed,
             stop_token_ids=tuple(int(t) for t in ring.stop_ids[slot] if t >= 0),
-            ignore_eos=bool(ring.ignore_eos[slot]))
+            ignore_eos=bool(ring.ignore_eos[slot]),
+            presence_penalty=float(ring.presence_penalty[slot]),
+            frequency_penalty=float(ring.frequency_penalty[slot]),
+            logit_bias=tuple((int(t), float(b)) for t, b in zip(
+                ring.logit_bias_ids[slot].tolist(), ring.logit_bias_values[slot].tolist()) if t >= 0),
+            logprobs=self._num_logprobs(slot))
         return ring.prompt_tokens[slot, :n].tolist(), params
+
+    def _num_logprobs(self, slot: int) -> int | None:
+        k = int(self.ring.num_logprobs[slot])
+        if k > self.ring.layout.max_logprobs:
+            raise ValueError(f"slot {slot}: num_logprobs={k} above the ring's max_logprobs")
+        return None if k < 0 else k
 
     # --- cancel and publish ------------------------------------------------------------------
     def _cancel(self) -> int:
@@ -155,6 +167,11 @@ class RingEngineLoop:
         ring, slot = self.ring, out.request_id
         n = int(ring.generated[slot])
         ring.output_tokens[slot, n] = out.token_id
+        if out.logprobs is not None:
+            ring.output_logprobs[slot, n] = out.logprobs.logprob
+            k = len(out.logprobs.top)
+            ring.output_top_ids[slot, n, :k] = [t for t, _ in out.logprobs.top]
+            ring.output_top_logprobs[slot, n, :k] = [lp for _, lp in out.logprobs.top]
         now = time.monotonic_ns()
         ring.last_token_ns[slot] = now
         if n == 0:
