@@ -279,6 +279,18 @@ PERSISTENT_EXECUTORS = ("persistent", "persistent-graph")
 POLICY_NAMES = ("fcfs", "lvf", "waiting-first", "swapped-first")  # sched/policies.py's POLICIES
 
 
+def serving_executor(name: str, policy: str, on_gpu: bool) -> str:
+    """The executor a server runs for ``--executor name``: ``auto`` is the persistent
+    scheduler kernel on a GPU (Blink's design), the NumPy reference on a CPU. The persistent
+    kernel reserves each request's KV blocks at admission and never preempts, so a scheduling
+    policy other than FCFS runs on the host-driven graph executor instead."""
+    if name != "auto":
+        return name
+    if not on_gpu:
+        return "reference"
+    return "persistent" if policy == "fcfs" else "graph"
+
+
 KV_TRANSPORTS = ("mapped", "staged")  # kv/transfer.py's MappedTransport, DeviceTransport
 
 

@@ -27,7 +27,7 @@ from typing import NamedTuple
 import numpy as np
 
 from ..backend import get_backend
-from ..config import PERSISTENT_EXECUTORS, EngineConfig, SamplingParams
+from ..config import PERSISTENT_EXECUTORS, EngineConfig, SamplingParams, serving_executor
 from ..kv.rotation import make_rotation_engine
 from ..model.sampling import TokenLogprobs, token_logprobs
 from ..model.weights import ModelWeights, load_weights
@@ -63,14 +63,8 @@ def make_scheduling_policy(name: str):
 
 def resolve_executor(name: str, policy: str = "fcfs") -> str:
     """``auto`` for a server, which serves a ring: the persistent scheduler kernel on a GPU
-    (Blink's design), the NumPy reference on a CPU. The persistent kernel reserves each request's
-    KV blocks at admission and never preempts, so a scheduling policy other than FCFS runs on
-    the host-driven graph executor instead."""
-    if name != "auto":
-        return name
-    if get_backend().is_simulator:
-        return "reference"
-    return "persistent" if policy == "fcfs" else "graph"
+    (Blink's design), the NumPy reference on a CPU (``config.serving_executor``)."""
+    return serving_executor(name, policy, on_gpu=not get_backend().is_simulator)
 
 
 def make_executor(name: str, weights: ModelWeights, engine_config: EngineConfig):

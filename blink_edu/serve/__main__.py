@@ -36,6 +36,9 @@ def parse_args(argv=None) -> argparse.Namespace:
                         "lvf (SuperInfer's Largest-VLT-First, KV rotated to host memory), "
                         "waiting-first, swapped-first")
     p.add_argument("--ring-slots", type=int, default=4096, help="ring buffer slots")
+    p.add_argument("--max-logprobs", type=int, default=5,
+                   help="most top logprobs per token a request may ask for (the ring keeps "
+                        "room for them in every slot: 8 bytes x slots x context each)")
     p.add_argument("--kv-blocks", type=int, default=512, help="KV cache blocks (16 tokens each)")
     p.add_argument("--max-num-seqs", type=int, default=64, help="most requests per step")
     p.add_argument("--max-queue", type=int, default=None,

@@ -23,7 +23,8 @@ from pathlib import Path
 
 import uvicorn
 
-from ..config import EngineConfig, ModelConfig
+from ..backend import will_use_gpu
+from ..config import PERSISTENT_EXECUTORS, EngineConfig, ModelConfig, serving_executor
 from ..model.bundled import BUNDLED_DIR, resolve_model_dir
 from ..model.tokenizer import Tokenizer
 from ..ring.client import RingClient
@@ -89,12 +90,17 @@ def serve(args) -> int:
     max_model_len = min(model.max_position_embeddings,
                         engine_config.num_kv_blocks * engine_config.block_size)
     layout = RingLayout(num_slots=args.ring_slots, max_prompt_tokens=max_model_len,
-                        max_output_tokens=max_model_len)
+                        max_output_tokens=max_model_len, max_logprobs=args.max_logprobs)
+    executor = serving_executor(args.executor, args.policy, on_gpu=will_use_gpu())
     settings = ServeSettings(
         model_name=args.served_model_name or default_model_name(folder),
         max_model_len=max_model_len, max_output_tokens=layout.max_output_tokens,
         vocab_size=model.vocab_size, max_queue=args.max_queue or layout.num_slots,
-        api_key=args.api_key)
+        api_key=args.api_key, max_logprobs=layout.max_logprobs,
+        max_logit_bias=layout.max_logit_bias,
+        # the persistent kernel samples on the GPU from the ring alone: no logit adjustments,
+        # no logprobs
+        no_sampling_extras=executor if executor in PERSISTENT_EXECUTORS else None)
     engine = EngineProcess(folder, engine_config, layout)
     try:
         watch = engine.start()
