@@ -281,6 +281,12 @@ class Ring:
         if self._lock_path is not None and os.path.exists(self._lock_path):
             os.unlink(self._lock_path)
 
+    def reset(self) -> None:
+        """Format the ring again: every slot EMPTY, every counter 0 (the layout kept). Only
+        for the ring's creator, when no engine is attached and no frontend is writing a slot
+        (the server, after its engine died, before it starts the next one)."""
+        _format(self.raw, self.layout)
+
     # --- the atomic primitives ---------------------------------------------------------------
     @contextmanager
     def lock(self):

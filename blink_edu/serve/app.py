@@ -10,7 +10,7 @@ token ids, write them into a ring slot, and turn the ids that appear in the slot
     GET  /v1/models             the one model this server runs
     GET  /v1/models/{id}        that model (404 for any other id)
     GET  /health                200 when the engine is ready; 503 starting / stalled / dead;
-                                the body shows ring occupancy and KV blocks
+                                the body shows ring occupancy, KV blocks, engine restarts
     GET  /metrics               Prometheus text (``metrics.py``)
 
 Errors use OpenAI's shape, ``{"error": {"message", "type", "param", "code"}}``:
@@ -25,7 +25,8 @@ Errors use OpenAI's shape, ``{"error": {"message", "type", "param", "code"}}``:
     413  a body larger than ``max_body_bytes``
     429  the ring is full, or ``max_queue`` requests are already in it; the ``Retry-After``
          header says how many seconds to wait before trying again
-    503  the engine process is dead; 500 the engine failed this request (or a bug)
+    503  the engine process is dead (the server restarts it: ``supervisor.py``); 500 the engine
+         failed this request, or died running it (or a bug)
 
 Requests that arrive while the engine is still loading are accepted: they wait in the ring, and
 the engine claims them when its loop starts (that is what the ring is for).
@@ -66,6 +67,7 @@ from .protocol import (UNSUPPORTED, ChatChoice, ChatChunkChoice, ChatCompletionC
                        CompletionRequest, CompletionResponse, ErrorBody, ErrorResponse,
                        ModelCard, ModelList, SamplingFields, TopLogprob, Usage)
 from .stream import EngineFailed, RequestStream, SlotReaper
+from .supervisor import EngineSupervisor
 
 DISCONNECT_CHECK_S = 0.1  # how often a non-streamed request looks for its client hanging up
 
@@ -100,17 +102,21 @@ class APIError(Exception):
 
 
 def create_app(client: RingClient, tokenizer: Tokenizer, settings: ServeSettings,
-               watch: EngineWatch) -> FastAPI:
-    """The app. ``watch`` says whether the engine lives; its ``run`` and the slot reaper run as
+               watch: EngineWatch, supervisor: EngineSupervisor | None = None) -> FastAPI:
+    """The app. ``watch`` says whether the engine lives; its ``run`` (or, with a
+    ``supervisor``, the supervisor's: it restarts a dead engine) and the slot reaper run as
     background tasks for as long as the app is served."""
-    metrics = ServeMetrics(client.occupancy, watch.kv_blocks, watch.scheduler_counts)
+    metrics = ServeMetrics(client.occupancy, watch.kv_blocks, watch.scheduler_counts,
+                           lambda: watch.restarts)
     reaper = SlotReaper(client)
     request_ids = count(1)
     started = int(time.time())
 
     @asynccontextmanager
     async def lifespan(app):
-        tasks = [asyncio.create_task(watch.run()), asyncio.create_task(reaper.run())]
+        watching = (supervisor.run(on_reset=reaper.forget_all) if supervisor is not None
+                    else watch.run())
+        tasks = [asyncio.create_task(watching), asyncio.create_task(reaper.run())]
         yield
         for task in tasks:
             task.cancel()
@@ -144,13 +150,13 @@ def create_app(client: RingClient, tokenizer: Tokenizer, settings: ServeSettings
         if not watch.alive:
             raise APIError(503, "the engine is not running", "server_error",
                            code="engine_unavailable")
-        streams = []
+        streams, generation = [], watch.generation
         try:
             for prompt, params in plans:
                 stream = RequestStream(client, tokenizer, prompt, params, body.stop_strings(),
                                        next(request_ids), reaper=reaper,
-                                       engine_alive=lambda: watch.alive, metrics=metrics,
-                                       poll_interval_s=settings.poll_interval_s)
+                                       engine_alive=lambda: watch.alive_for(generation),
+                                       metrics=metrics, poll_interval_s=settings.poll_interval_s)
                 submit(stream, client, settings)
                 streams.append(stream)
         except APIError:
@@ -209,7 +215,7 @@ def create_app(client: RingClient, tokenizer: Tokenizer, settings: ServeSettings
     async def health():
         state = watch.refresh()
         kv = watch.kv_blocks()
-        detail = {"status": state, "engine_pid": watch.pid,
+        detail = {"status": state, "engine_pid": watch.pid, "engine_restarts": watch.restarts,
                   "ring": {"name": client.ring.name, "slots": client.occupancy()},
                   "kv_blocks": None if kv is None else {"used": kv[0], "total": kv[1]}}
         return JSONResponse(detail, 200 if state == "ready" else 503)

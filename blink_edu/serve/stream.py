@@ -48,6 +48,10 @@ class SlotReaper:
         self.client.cancel(slot)
         self.slots.add(slot)
 
+    def forget_all(self) -> None:
+        """The engine died and the ring was reset: nothing is left to release."""
+        self.slots.clear()
+
     def sweep(self) -> None:
         for slot in list(self.slots):
             _, finished, _ = self.client.poll(slot, seen=0)
@@ -101,6 +105,9 @@ class RequestStream:
         outcome = "abort"  # what is recorded if the generator is closed early: the client left
         try:
             while True:
+                if not self.engine_alive():  # first: a restart resets the ring's slots
+                    outcome = "error"
+                    raise EngineFailed("the engine process stopped while generating")
                 tokens, finished, reason = self.client.poll(self.slot, seen)
                 if tokens:
                     now = time.perf_counter()
@@ -124,9 +131,6 @@ class RequestStream:
                     if tail:
                         yield tail
                     return
-                if not self.engine_alive():
-                    outcome = "error"
-                    raise EngineFailed("the engine process stopped while generating")
                 await asyncio.sleep(self.poll_interval_s)
         finally:
             self._let_go(outcome)
