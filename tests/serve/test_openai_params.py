@@ -11,23 +11,12 @@ from collections import defaultdict
 import numpy as np
 import openai
 import pytest
-from server_process import API_KEY, MODEL
+from server_process import CHAT, LONG, MODEL, PROMPT
 
 from blink_edu.config import SamplingParams
 from blink_edu.model import reference
 from blink_edu.model.bundled import resolve_model_dir
 from blink_edu.model.weights import load_weights
-
-PROMPT = "Once upon a time"
-CHAT = [{"role": "user", "content": "Tell me about the sea."}]
-LONG = {"ignore_eos": True}  # never stop early at EOS: the request runs to max_tokens
-
-
-@pytest.fixture(scope="module")
-def client(server) -> openai.OpenAI:
-    return openai.OpenAI(base_url=f"{server.url}/v1", api_key=API_KEY, max_retries=0,
-                         timeout=60)
-
 
 @pytest.fixture(scope="module")
 def weights():

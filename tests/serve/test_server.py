@@ -23,18 +23,7 @@ from pathlib import Path
 import httpx
 import openai
 import pytest
-from server_process import API_KEY, MODEL, running_server
-
-PROMPT = "Once upon a time"
-CHAT = [{"role": "user", "content": "Tell me about the sea."}]
-LONG = {"ignore_eos": True}  # never stop early at EOS: the request runs to max_tokens
-
-
-@pytest.fixture(scope="module")
-def client(server) -> openai.OpenAI:
-    return openai.OpenAI(base_url=f"{server.url}/v1", api_key=API_KEY, max_retries=0,
-                         timeout=60)
-
+from server_process import API_KEY, CHAT, LONG, MODEL, PROMPT, running_server
 
 def streamed_text(chunks, chat: bool) -> tuple[str, list]:
     """(concatenated text, every chunk) of an openai stream."""
