@@ -281,7 +281,8 @@ def check_common(body: SamplingFields, settings: ServeSettings, num_prompts: int
     logprobs = body.num_logprobs()
     if logprobs is not None and logprobs > settings.max_logprobs:
         raise APIError(400, f"at most {settings.max_logprobs} top logprobs per token "
-                            f"(--max-logprobs), got {logprobs}", param="logprobs")
+                            f"(--max-logprobs), got {logprobs}",
+                       param="top_logprobs" if hasattr(body, "top_logprobs") else "logprobs")
     extras = [name for name, on in (("presence_penalty", body.presence_penalty),
                                     ("frequency_penalty", body.frequency_penalty),
                                     ("logit_bias", body.logit_bias),

@@ -134,7 +134,8 @@ BAD = [
      "response_format"),
     ("chat/completions", {"messages": CHAT, "top_logprobs": 2}, 400, "top_logprobs"),
     ("chat/completions", {"messages": CHAT, "logprobs": True, "top_logprobs": 9}, 400,
-     "logprobs"),  # above --max-logprobs (5)
+     "top_logprobs"),  # above --max-logprobs (5)
+    ("completions", {"prompt": "hi", "logprobs": 6}, 400, "logprobs"),
     ("completions", {"prompt": "hi", "suffix": "end"}, 400, "suffix"),
     ("completions", {"prompt": "hi", "best_of": 3}, 400, "best_of"),
     ("completions", {"prompt": "hi", "echo": True, "logprobs": 1}, 400, "echo"),
