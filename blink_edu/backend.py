@@ -70,6 +70,13 @@ def cuda_device_count() -> int:
     return count.value
 
 
+def will_use_gpu() -> bool:
+    """Whether ``get_backend()`` will choose the GPU, found out without importing
+    ``numba.cuda`` or creating a CUDA context (for a process that only plans, like the
+    server's frontend)."""
+    return _decide(_requested()) == "gpu"
+
+
 def _apply_numpy_shim() -> None:
     """numba-cuda 0.30.x uses ``np.row_stack``; NumPy 2.5 removed it (docs/design.md §5)."""
     if not hasattr(np, "row_stack"):

@@ -219,7 +219,14 @@ def rope_inverse_frequencies(config: ModelConfig):
 class SamplingParams:
     """How to pick each next token. ``temperature == 0`` is greedy. ``top_k <= 0`` and
     ``top_p >= 1`` switch those filters off. ``seed`` makes sampling reproducible on every
-    backend (a counter-based RNG: the n-th token of a request draws from (seed, n))."""
+    backend (a counter-based RNG: the n-th token of a request draws from (seed, n)).
+
+    Before any of that, OpenAI's logit adjustments (``model/sampling.py``): ``logit_bias``,
+    ``(token id, bias)`` pairs, adds each bias to its token's logit (-100 bans it, +100 forces
+    it); for a token generated ``c`` times so far, ``frequency_penalty`` subtracts
+    ``c * penalty`` and ``presence_penalty`` subtracts ``penalty`` once if ``c > 0``.
+    ``logprobs``: also report the chosen token's log-probability and the ``logprobs`` most
+    likely ones (None: none; 0: the chosen token's only)."""
 
     temperature: float = 1.0
     top_p: float = 1.0
@@ -228,8 +235,24 @@ class SamplingParams:
     seed: int | None = None
     stop_token_ids: tuple[int, ...] = ()
     ignore_eos: bool = False
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    logit_bias: tuple[tuple[int, float], ...] = ()
+    logprobs: int | None = None
 
     def __post_init__(self):
+        for name in ("presence_penalty", "frequency_penalty"):
+            value = getattr(self, name)
+            if not (-2 <= value <= 2):
+                raise ValueError(f"{name} must be in [-2, 2], got {value}")
+        if len({token for token, _ in self.logit_bias}) != len(self.logit_bias):
+            raise ValueError("logit_bias names a token twice")
+        for token, bias in self.logit_bias:
+            if token < 0 or not (-100 <= bias <= 100):
+                raise ValueError(f"logit_bias: token {token} must be >= 0 and its bias in "
+                                 f"[-100, 100], got {bias}")
+        if self.logprobs is not None and self.logprobs < 0:
+            raise ValueError(f"logprobs must be >= 0 (or None), got {self.logprobs}")
         if not (self.temperature >= 0 and math.isfinite(self.temperature)):
             raise ValueError(f"temperature must be a finite number >= 0, got {self.temperature}")
         if not (0 < self.top_p <= 1):
@@ -242,6 +265,11 @@ class SamplingParams:
     @property
     def greedy(self) -> bool:
         return self.temperature == 0
+
+    @property
+    def adjusts_logits(self) -> bool:
+        """Whether any logit adjustment is asked for (else the sampler sees the raw logits)."""
+        return bool(self.presence_penalty or self.frequency_penalty or self.logit_bias)
 
 
 def padded_step_shape(num_seqs: int, num_tokens: int) -> tuple[int, int]:
@@ -334,7 +362,8 @@ class EngineConfig:
         return length
 
 
-def resolve_executor(name: str, policy: str = "fcfs", *, serves_ring: bool = False) -> str:
+def resolve_executor(name: str, policy: str = "fcfs", *, serves_ring: bool = False,
+                     on_gpu: bool | None = None) -> str:
     """The executor that ``name`` (``EngineConfig.executor``, a ``--executor`` flag) stands for.
 
     ``auto`` is the fastest executor that can run the job on this machine: on a CPU the NumPy
@@ -343,11 +372,14 @@ def resolve_executor(name: str, policy: str = "fcfs", *, serves_ring: bool = Fal
     server) under FCFS, and otherwise the CUDA-graph executor -- ``LLMEngine`` drives each step
     from the host, and the persistent kernel reserves a request's KV blocks at admission and
     never preempts, so another policy needs a host-driven executor. Any other name is returned
-    as it is."""
+    as it is. ``on_gpu`` answers "is there a GPU?" for a process that must not ask the backend
+    (the server's frontend: ``backend.will_use_gpu``); by default the backend is asked."""
     if name != "auto":
         return name
-    from .backend import get_backend  # here: choosing the backend may import numba.cuda
+    if on_gpu is None:
+        from .backend import get_backend  # here: choosing the backend may import numba.cuda
 
-    if get_backend().is_simulator:
+        on_gpu = not get_backend().is_simulator
+    if not on_gpu:
         return "reference"
     return "persistent" if serves_ring and policy == "fcfs" else "graph"

@@ -34,7 +34,7 @@ from ..kernels.elementwise import embed_tokens_kernel, swiglu_kernel
 from ..kernels.linear import linear_kernel, linear_work_items
 from ..kernels.reduce import THREADS, cuda, grid_for
 from ..kernels.rope import rope_and_write_kv_kernel
-from ..kernels.sampling import sample_rows_kernel
+from ..kernels.sampling import adjust_logits_kernel, sample_rows_kernel
 from ..kv.block_manager import blocks_needed
 from ..kv.pool import allocate_kv_pool
 from ..model.reference import rope_tables
@@ -156,6 +156,8 @@ class EagerExecutor:
         self.host = self._host_inputs(max_s, max_t)
         self.dev = {k: cuda.to_device(v) for k, v in self.host.items()}
         self._views: dict[tuple[int, int], dict] = {}
+        self._adjustments = None  # this step's logit adjustments on the device (stage_adjustments)
+        self.logits_out = None  # (S, V) the last step's logits, when it asked for logprobs
 
     # --- plumbing --------------------------------------------------------------------------
     def _make_stream(self):
@@ -258,6 +260,9 @@ class EagerExecutor:
             linear("down+residual", v["act"], v["rows"], empty, lw.w_down, lw.b_down, v["x"], 1)
         linear("norm+lm_head", v["x"], v["logit_rows"], self.final_norm, self.lm_head, empty,
                v["logits"], 0)
+        if self._adjustments is not None:  # only in a step that has some (never captured)
+            probe("adjust")
+            adjust_logits_kernel[grid_for(s_b), THREADS, st](v["logits"], *self._adjustments)
         probe("sample")
         sample_rows_kernel[grid(SAMPLE), THREADS, st](
             v["logits"], v["temperature"], v["top_p"], v["top_k"], v["seeds"], v["counters"],
@@ -293,13 +298,36 @@ class EagerExecutor:
         (``kv/rotation.py``) orders its copies against it."""
         return None if self.backend.is_simulator else self._cupy_stream
 
+    def stage_adjustments(self, batch: StepBatch, s_b: int) -> None:
+        """The step's logit adjustments on the device, padded to S_b rows (None: no launch).
+        Copied per step, not staged in a fixed buffer: their width P varies, and only requests
+        that ask for a logit_bias or a penalty pay for them."""
+        if batch.adjust_len is None:
+            self._adjustments = None
+            return
+        pad = s_b - batch.num_seqs
+        ids = np.pad(batch.adjust_ids, ((0, pad), (0, 0)))  # (S_b, P)
+        deltas = np.pad(batch.adjust_deltas, ((0, pad), (0, 0)))  # (S_b, P)
+        lengths = np.pad(batch.adjust_len, (0, pad))  # (S_b,)
+        self._adjustments = tuple(cuda.to_device(a, stream=self.stream)
+                                  for a in (ids, deltas, lengths))
+
     def step(self, batch: StepBatch) -> np.ndarray:
         """Run one step; (S,) int32 sampled tokens."""
         s_b, t_b = self.buckets(batch.num_seqs, batch.num_tokens)
         self.stage_inputs(batch, s_b, t_b)
+        self.stage_adjustments(batch, s_b)
         self.run_bucket(s_b, t_b)
         self.synchronize()
+        self.keep_logits(batch)
         return np.array(self.host["tokens"][: batch.num_seqs], dtype=np.int32)
+
+    def keep_logits(self, batch: StepBatch) -> None:
+        """``logits_out``: the step's (S, V) logits on the host when a row asked for logprobs
+        (one device-to-host copy then; none otherwise)."""
+        self.logits_out = None
+        if batch.num_logprobs is not None:
+            self.logits_out = self.logits[:batch.num_seqs].copy_to_host()
 
 
 class GraphExecutor(EagerExecutor):
@@ -345,6 +373,8 @@ class GraphExecutor(EagerExecutor):
         h["top_p"][:] = 1
 
     def step(self, batch: StepBatch) -> np.ndarray:
+        if batch.adjust_len is not None:  # the adjustment kernel is in no captured graph
+            return super().step(batch)
         s_b, t_b = self.buckets(batch.num_seqs, batch.num_tokens)
         if (s_b, t_b) not in self.graphs:
             self.stage_padding_only(s_b, t_b)
@@ -352,4 +382,5 @@ class GraphExecutor(EagerExecutor):
         self.stage_inputs(batch, s_b, t_b)
         self.graphs[(s_b, t_b)].launch(self._cupy_stream)
         self.synchronize()
+        self.keep_logits(batch)
         return np.array(self.host["tokens"][: batch.num_seqs], dtype=np.int32)

@@ -28,6 +28,7 @@ import numpy as np
 
 from ..config import PERSISTENT_EXECUTORS, EngineConfig, SamplingParams, resolve_executor
 from ..kv.rotation import make_rotation_engine
+from ..model.sampling import TokenLogprobs, token_logprobs
 from ..model.weights import ModelWeights, load_weights
 from .executor import Executor
 from .reference_executor import ReferenceExecutor
@@ -79,6 +80,7 @@ class StepOutput(NamedTuple):
     token_id: int
     finished: bool
     finish_reason: str | None  # "stop" | "length" once finished
+    logprobs: TokenLogprobs | None = None  # when the request asked for them (params.logprobs)
 
 
 @dataclass(frozen=True)
@@ -141,6 +143,10 @@ class LLMEngine:
         if bad:
             raise ValueError(f"request {request_id!r}: token id(s) {bad[:5]} outside the "
                              f"vocabulary [0, {vocab})")
+        bad = [t for t, _ in params.logit_bias if t >= vocab]
+        if bad:
+            raise ValueError(f"request {request_id!r}: logit_bias names token id(s) {bad[:5]} "
+                             f"outside the vocabulary [0, {vocab})")
         if request_id in self.requests:
             raise ValueError(f"request id {request_id!r} is already in use")
         if arrival_time is not None and not math.isfinite(arrival_time):
@@ -157,6 +163,7 @@ class LLMEngine:
         if batch is None:
             return []
         sampled = self.executor.step(batch)  # (S,) int32
+        logprobs = self._logprobs(batch, scheduled, sampled)
         produced = self.scheduler.postprocess(scheduled, sampled, now=time.monotonic())
         self.num_steps += 1
         if self.scheduler.rotation is not None and not self.has_unfinished():
@@ -164,8 +171,19 @@ class LLMEngine:
         for seq in produced:
             if seq.is_finished:
                 del self.requests[seq.request_id]
-        return [StepOutput(s.request_id, s.output_token_ids[-1], s.is_finished, s.finish_reason)
-                for s in produced]
+        return [StepOutput(s.request_id, s.output_token_ids[-1], s.is_finished, s.finish_reason,
+                           logprobs.get(s.seq_id)) for s in produced]
+
+    def _logprobs(self, batch, scheduled: list[Sequence],
+                  sampled: np.ndarray) -> dict[int, TokenLogprobs]:
+        """seq_id -> the sampled token's log-probabilities, for the rows that asked; from the
+        logits the executor kept (``StepBatch.num_logprobs``)."""
+        if batch.num_logprobs is None:
+            return {}
+        logits = self.executor.logits_out  # (S, V)
+        return {seq.seq_id: token_logprobs(logits[row], int(sampled[row]), int(n))
+                for row, (seq, n) in enumerate(zip(scheduled, batch.num_logprobs.tolist()))
+                if n >= 0}
 
     def abort(self, request_id) -> bool:
         """Cancel an unfinished request and free its blocks; False if there is no such request."""

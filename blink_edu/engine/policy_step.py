@@ -11,8 +11,9 @@ the glue between it and the engine's ``Scheduler``:
    ``time.monotonic`` seconds, blocks come from the block manager;
 2. **decide** — ``policy.decide(view)``;
 3. **apply** — preempt (into the rotary state through DuplexKV when the sequence has cached
-   tokens — decoding, or part-way through its prompt — and the host has room, else by
-   recompute, which then loses nothing or only what did not fit), rotate the admitted rotary ones back in, and put the
+   tokens — decoding, or part-way through its prompt — and the host has room; by recompute
+   when it has nothing cached; not at all when the host is full), rotate the admitted rotary
+   ones back in, and put the
    admitted waiting ones at the front of the queue. The scheduler's token-budget code then runs
    as always, admitting from the waiting queue only the sequences the policy admitted.
 
@@ -88,20 +89,25 @@ def apply(scheduler, decision: Decision, by_id: dict[int, Sequence], now: float)
 
 
 def preempt(scheduler, decision: Decision, by_id: dict[int, Sequence]) -> None:
-    """The decision's preemptions: rotary ones by rotation where possible, else by recompute."""
+    """The decision's preemptions. A rotary one whose K/V the host has no room for is *not*
+    done: the sequence keeps running, and whatever was admitted on the strength of its blocks
+    waits until they are free (the scheduler admits only what fits). Turning it into a
+    recompute instead would trade a copy for the victim's whole context in model work -- and
+    under LVF the victim soon has the largest lag, is admitted again, rotated out again: a
+    CPU served 16 requests 10x slower than FCFS that way, almost all of it recomputing."""
     for sid in decision.preempt_recompute:
         scheduler.running.remove(by_id[sid])
         scheduler.preempt_by_recompute(by_id[sid])
     for sid in decision.preempt_rotary:
         seq = by_id[sid]
-        if scheduler.rotation is not None and seq.num_cached_tokens > 0:
-            try:
-                scheduler.rotate_out(seq)
-                continue
-            except OutOfHostBlocks:
-                pass
-        scheduler.running.remove(seq)  # nothing cached yet (or no room on the host): recompute
-        scheduler.preempt_by_recompute(seq)
+        if seq.num_cached_tokens == 0 or scheduler.rotation is None:
+            scheduler.running.remove(seq)  # nothing cached to lose (or nowhere to rotate to)
+            scheduler.preempt_by_recompute(seq)
+            continue
+        try:
+            scheduler.rotate_out(seq)
+        except OutOfHostBlocks:
+            pass  # no room on the host: it stays running (see above)
 
 
 def admit(scheduler, decision: Decision, by_id: dict[int, Sequence],

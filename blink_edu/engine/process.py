@@ -28,9 +28,11 @@ from ..ring.layout import Ring
 from .executor import RingExecutor
 
 
-def run_engine(ring_name: str, model_dir: str, engine_config, idle_sleep_s: float = 1e-4) -> None:
+def run_engine(ring_name: str, model_dir: str, engine_config, idle_sleep_s: float = 1e-4,
+               max_idle_sleep_s: float = 1e-3) -> None:
     """The engine process's main function (the target of ``multiprocessing.Process``).
-    Runs until the ring's ``engine_stop`` word is set or the frontend process is gone."""
+    Runs until the ring's ``engine_stop`` word is set or the frontend process is gone. While
+    idle it naps ``idle_sleep_s``, doubling up to ``max_idle_sleep_s`` (``RingEngineLoop``)."""
     # Ctrl-C (and `kill` of a process group) reach every process of the group; the frontend
     # decides when we stop, after it has drained its requests. (An orphan stops by itself.)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
@@ -56,12 +58,13 @@ def run_engine(ring_name: str, model_dir: str, engine_config, idle_sleep_s: floa
         print(f"blink_edu.serve engine: executor={engine.executor.name}, {describe()}, "
               f"{engine_config.num_kv_blocks} KV blocks x {engine_config.block_size} tokens, "
               f"max_num_seqs={engine_config.max_num_seqs}", file=sys.stderr, flush=True)
-        loop = RingEngineLoop(ring, engine, idle_sleep_s=idle_sleep_s)
+        loop = RingEngineLoop(ring, engine, idle_sleep_s, max_idle_sleep_s)
         while not stop_requested(ring) and parent.is_alive():  # an orphan must not spin on
             worked = loop.run_once()
             board.publish(engine.stats())
-            if not worked:
-                time.sleep(idle_sleep_s)
+            nap = loop.nap.after(worked)
+            if nap:
+                time.sleep(nap)
     finally:
         ring.close()
 

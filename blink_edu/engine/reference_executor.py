@@ -35,11 +35,14 @@ class ReferenceExecutor:
         self.block_size = block_size
         self.kv_pool = allocate_kv_pool(weights.config, num_blocks, block_size,
                                         dtype=weights.embed.dtype)  # (N, L, 2, B, K, E)
+        self.logits_out = None  # (S, V) the last step's logits, when it asked for logprobs
 
     def step(self, batch: StepBatch) -> np.ndarray:
         """Run the model over the flat batch; one sampled token per sequence, (S,) int32."""
         with self._threadpools.limit(limits=self.blas_threads, user_api="blas"):
             logits = reference.forward(self.weights, self.kv_pool, batch.token_ids, batch.positions,
                                        batch.seq_rows, batch.block_tables, batch.logit_rows)  # (S, V)
+        logits = batch.adjusted_logits(logits)  # logit_bias and penalties, if any
+        self.logits_out = logits if batch.num_logprobs is not None else None
         return np.array([sample(logits[s], batch.sampling_params(s), int(batch.seeds[s]),
                                 int(batch.counters[s])) for s in range(batch.num_seqs)], np.int32)

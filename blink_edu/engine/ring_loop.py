@@ -9,8 +9,15 @@ kernel that never returns. One iteration:
     if doorbell moved:  scan PREFILL_PENDING slots, oldest arrival first;
                         cas -> PREFILL_PROCESSING; engine.add_request(..., request_id=slot)
     for each live slot with its cancel flag up:  engine.abort(slot), complete it with "abort"
-    engine.step()  ->  publish each new token: arena first, then `generated` (then the state)
+    engine.step()  ->  publish each new token (and its logprobs, if asked): arena first, then
+                       `generated` (then the state)
     requests rotated out to host memory (DuplexKV)  ->  DECODE_PAUSED, and back
+
+**Idle.** An iteration that finds nothing to do naps before the next (``IdleNap``): 100 µs
+at first, doubling while the ring stays quiet, up to 1 ms; any work resets it. A loop that
+napped 100 µs forever cost a quarter of a CPU core doing nothing; the longest nap adds at most
+1 ms (half of it on average) to the first token of a request that arrives after a quiet spell.
+(Blink's persistent kernel spins on the GPU; its host side polls only for statistics.)
 
 The engine uses the slot number as its request id: a slot holds one request at a time. A slot
 whose payload is invalid (a token id outside the vocabulary, a size out of range, bad sampling
@@ -30,19 +37,43 @@ from ..ring.layout import (DECODE_COMPLETED, DECODE_PAUSED, DECODE_PROCESSING, F
 from .llm_engine import LLMEngine, StepOutput
 
 
+class IdleNap:
+    """Exponential backoff for a polling loop: ``after(worked)`` is how long to nap now --
+    0 after an iteration that worked, else ``shortest_s`` doubling on each quiet iteration in a
+    row, up to ``longest_s``. ``shortest_s=0``: never nap (spin)."""
+
+    def __init__(self, shortest_s: float = 1e-4, longest_s: float = 1e-3):
+        if not 0 <= shortest_s <= longest_s:
+            raise ValueError(f"need 0 <= shortest_s <= longest_s, got {shortest_s}, {longest_s}")
+        self.shortest_s, self.longest_s = shortest_s, longest_s
+        self.next_s = shortest_s
+
+    def after(self, worked: bool) -> float:
+        if worked:
+            self.next_s = self.shortest_s
+            return 0.0
+        nap = self.next_s
+        self.next_s = min(2 * nap, self.longest_s)
+        return nap
+
+
 class RingEngineLoop:
-    def __init__(self, ring: Ring, engine: LLMEngine, idle_sleep_s: float = 1e-4):
+    def __init__(self, ring: Ring, engine: LLMEngine, idle_sleep_s: float = 1e-4,
+                 max_idle_sleep_s: float = 1e-3):
         self.ring = ring
         self.engine = engine
-        self.idle_sleep_s = idle_sleep_s  # how long `run` naps when an iteration found no work
+        # how long `run` naps when an iteration found no work: idle_sleep_s at first, doubling
+        # up to max_idle_sleep_s while nothing happens
+        self.nap = IdleNap(idle_sleep_s, max(idle_sleep_s, max_idle_sleep_s))
         self.live: set[int] = set()  # slots claimed and not yet completed
         self._doorbell_seen = 0
 
     def run(self, stop_event: threading.Event) -> None:
         """Iterate until ``stop_event`` is set (a GPU kernel would poll a stop flag instead)."""
         while not stop_event.is_set():
-            if not self.run_once():
-                stop_event.wait(self.idle_sleep_s)
+            nap = self.nap.after(self.run_once())
+            if nap:
+                stop_event.wait(nap)
 
     def run_once(self) -> bool:
         """One iteration of the scheduler loop; True if it did any work."""
@@ -109,8 +140,19 @@ class RingEngineLoop:
             top_k=int(ring.top_k[slot]), max_tokens=max_tokens,
             seed=None if seed < 0 else seed,
             stop_token_ids=tuple(int(t) for t in ring.stop_ids[slot] if t >= 0),
-            ignore_eos=bool(ring.ignore_eos[slot]))
+            ignore_eos=bool(ring.ignore_eos[slot]),
+            presence_penalty=float(ring.presence_penalty[slot]),
+            frequency_penalty=float(ring.frequency_penalty[slot]),
+            logit_bias=tuple((int(t), float(b)) for t, b in zip(
+                ring.logit_bias_ids[slot].tolist(), ring.logit_bias_values[slot].tolist()) if t >= 0),
+            logprobs=self._num_logprobs(slot))
         return ring.prompt_tokens[slot, :n].tolist(), params
+
+    def _num_logprobs(self, slot: int) -> int | None:
+        k = int(self.ring.num_logprobs[slot])
+        if k > self.ring.layout.max_logprobs:
+            raise ValueError(f"slot {slot}: num_logprobs={k} above the ring's max_logprobs")
+        return None if k < 0 else k
 
     # --- cancel and publish ------------------------------------------------------------------
     def _cancel(self) -> int:
@@ -126,6 +168,11 @@ class RingEngineLoop:
         ring, slot = self.ring, out.request_id
         n = int(ring.generated[slot])
         ring.output_tokens[slot, n] = out.token_id
+        if out.logprobs is not None:
+            ring.output_logprobs[slot, n] = out.logprobs.logprob
+            k = len(out.logprobs.top)
+            ring.output_top_ids[slot, n, :k] = [t for t, _ in out.logprobs.top]
+            ring.output_top_logprobs[slot, n, :k] = [lp for _, lp in out.logprobs.top]
         now = time.monotonic_ns()
         ring.last_token_ns[slot] = now
         if n == 0:

@@ -355,7 +355,8 @@ class Scheduler:
         tables = self.block_manager.block_table_array([s.seq_id for s in scheduled])  # (S, W)
         return pack_step(chunks, tables, [s.params for s in scheduled],
                          seeds=[s.seed for s in scheduled],
-                         counters=[s.num_output_tokens for s in scheduled])
+                         counters=[s.num_output_tokens for s in scheduled],
+                         outputs=[s.output_token_ids for s in scheduled])
 
     # --- after the model ran ------------------------------------------------------------------
     def postprocess(self, scheduled: list[Sequence], sampled_tokens: np.ndarray,

@@ -12,6 +12,14 @@ sequence, with reductions instead of a sort:
   vocabulary, an exclusive prefix sum over threads says where each slice starts, and the thread
   whose slice holds ``u * mass`` walks it to the token (inverse CDF in id order).
 
+Logit adjustments (``logit_bias``, presence and frequency penalties) come before, in their own
+small kernel, ``adjust_logits_kernel``: the host sends each row's ``(token, delta)`` pairs (each
+token once, so no two threads touch one logit) and the kernel adds them in place. A step without
+any is not launched at all. A kernel with no host to build those lists -- Blink's persistent
+scheduler kernel, which reads requests straight from the ring -- adjusts a row from the request's
+own record instead (``adjust_row_from_history``: its generated tokens and its logit_bias), with
+the same float64 arithmetic as the reference, so the tokens stay identical.
+
 ``u`` comes from the same counter-based hash (``lowbias32``) as the reference, computed with
 64-bit integers and masks so that it is bit-identical on every backend.
 """
@@ -173,3 +181,54 @@ def sample_rows(logits, temperature, top_p, top_k, seeds, counters, out_tokens, 
 def sample_rows_kernel(logits, temperature, top_p, top_k, seeds, counters, out_tokens):
     sample_rows(logits, temperature, top_p, top_k, seeds, counters, out_tokens,
                 cuda.blockIdx.x, cuda.gridDim.x)
+
+
+@cuda.jit(device=True)
+def adjust_rows(logits, adjust_ids, adjust_deltas, adjust_len, block, n_blocks):
+    """logits[s, adjust_ids[s, j]] += adjust_deltas[s, j] for j < adjust_len[s], in place.
+    logits (S, V) f32; adjust_ids (S, P) i32 (distinct per row); adjust_deltas (S, P) f32."""
+    for s in range(block, logits.shape[0], n_blocks):
+        for j in range(cuda.threadIdx.x, adjust_len[s], THREADS):
+            logits[s, adjust_ids[s, j]] += adjust_deltas[s, j]
+
+
+@cuda.jit
+def adjust_logits_kernel(logits, adjust_ids, adjust_deltas, adjust_len):
+    adjust_rows(logits, adjust_ids, adjust_deltas, adjust_len, cuda.blockIdx.x, cuda.gridDim.x)
+
+
+@cuda.jit(device=True)
+def adjust_row_from_history(logits, s, history, n, presence, frequency, bias_ids, bias_values):
+    """Row ``s`` of ``logits`` (S, V) f32, adjusted in place from the request's record: its
+    ``n`` generated tokens ``history`` (O,) i32 and its ``bias_ids`` / ``bias_values`` (B,)
+    (-1 padded). One thread per distinct token: the one holding its first occurrence in
+    ``history`` (or, for a biased token never generated, the one holding its bias entry) adds
+    ``float32(bias - frequency * count - presence)``, computed in float64 as the reference
+    does. O(n^2 / THREADS) per row: meant for the few rows that ask for penalties. All threads
+    of the block call it; it ends with a barrier."""
+    tid = cuda.threadIdx.x
+    penalised = presence != 0 or frequency != 0
+    for j in range(tid, n if penalised else 0, THREADS):
+        t = history[j]
+        first, count = True, 0
+        for k in range(n):
+            if history[k] == t:
+                count += 1
+                if k < j:
+                    first = False
+        if first:
+            bias = float64(0)
+            for b in range(bias_ids.shape[0]):
+                if bias_ids[b] == t:
+                    bias = float64(bias_values[b])
+            delta = bias - float64(frequency) * count - float64(presence)
+            logits[s, t] += float32(delta)
+    for b in range(tid, bias_ids.shape[0], THREADS):
+        t = bias_ids[b]
+        generated = False
+        for k in range(n if penalised else 0):
+            if history[k] == t:
+                generated = True
+        if t >= 0 and not generated:
+            logits[s, t] += float32(float64(bias_values[b]))
+    cuda.syncthreads()

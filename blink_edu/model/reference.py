@@ -219,7 +219,8 @@ def generate(weights: ModelWeights, prompts: list[list[int]], params, *, block_s
                 still.append(s)
                 continue
             blocks.mark_written(s, len(tokens[s]))
-            token = sample(logits[r], per_seq[s], seed=seeds[s], counter=len(outputs[s]))
+            token = sample(logits[r], per_seq[s], seed=seeds[s], counter=len(outputs[s]),
+                           output_token_ids=outputs[s])
             tokens[s].append(token)
             outputs[s].append(token)
             if on_token:

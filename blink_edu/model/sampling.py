@@ -1,6 +1,21 @@
-"""Sampling the next token: greedy, temperature, top-k, top-p — with a counter-based RNG.
+"""Sampling the next token: logit adjustments, greedy, temperature, top-k, top-p — with a
+counter-based RNG.
 
 The reference that the GPU sampling kernel reproduces token for token.
+
+**Log-probabilities** (``token_logprobs``, for a request's ``logprobs``) are those of the
+distribution the sampler starts from: the model's logits after the logit adjustments, before
+temperature, top-k and top-p (as vLLM reports them), computed on the host from the step's logits.
+
+**Logit adjustments first** (OpenAI's definitions). For a token ``t`` generated ``c[t]`` times
+so far by this request::
+
+    logit[t] += logit_bias[t] - frequency_penalty * c[t] - presence_penalty * (c[t] > 0)
+
+Only the tokens named in ``logit_bias`` or already generated change, so the adjustment travels
+as a short list of ``(token, delta)`` pairs (``logit_adjustments``): the engine builds one per
+sequence from its generated tokens, and every executor adds the deltas to its logits the same
+way (``add_adjustments`` here, ``adjust_logits_kernel`` on the GPU) before sampling.
 
 **Randomness as a function.** Reproducibility across backends needs randomness that is a pure
 function rather than a stateful generator: the ``n``-th token of a request with seed ``s`` uses
@@ -23,6 +38,8 @@ draw with a block-wide prefix sum.
 """
 
 from __future__ import annotations
+
+from typing import NamedTuple
 
 import numpy as np
 
@@ -48,6 +65,28 @@ def uniform(seed: int, counter: int) -> float:
     return (h >> 8) / float(1 << 24)
 
 
+def logit_adjustments(params: SamplingParams,
+                      output_token_ids) -> tuple[np.ndarray, np.ndarray]:
+    """(ids, deltas): the tokens whose logit changes, each once, ascending (int32), and by how
+    much (float32) -- bias minus penalties, from the tokens generated so far. Empty when the
+    request asks for no adjustment."""
+    delta = dict(params.logit_bias)
+    if params.presence_penalty or params.frequency_penalty:
+        tokens, counts = np.unique(np.asarray(output_token_ids, np.int64), return_counts=True)
+        for token, count in zip(tokens.tolist(), counts.tolist()):
+            delta[token] = (delta.get(token, 0.0) - params.frequency_penalty * count
+                            - params.presence_penalty)
+    ids = np.array(sorted(delta), np.int32)  # (P,)
+    return ids, np.array([delta[t] for t in ids.tolist()], np.float32)  # (P,)
+
+
+def add_adjustments(logits: np.ndarray, ids: np.ndarray, deltas: np.ndarray) -> np.ndarray:
+    """``logits`` (V,) float32 with ``deltas`` added at ``ids`` (a copy)."""
+    out = logits.astype(np.float32)  # (V,)
+    out[ids] += deltas
+    return out
+
+
 def filtered_probs(logits: np.ndarray, params: SamplingParams) -> np.ndarray:
     """Unnormalised probabilities (V,) float32 after temperature, top-k and top-p; 0 = dropped."""
     logits = logits.astype(np.float32)
@@ -64,8 +103,12 @@ def filtered_probs(logits: np.ndarray, params: SamplingParams) -> np.ndarray:
     return np.where(keep, np.exp(z), np.float32(0))
 
 
-def sample(logits: np.ndarray, params: SamplingParams, seed: int, counter: int) -> int:
-    """Pick one token id from ``logits`` (V,) for the ``counter``-th generated token."""
+def sample(logits: np.ndarray, params: SamplingParams, seed: int, counter: int,
+           output_token_ids=()) -> int:
+    """Pick one token id from ``logits`` (V,) for the ``counter``-th generated token;
+    ``output_token_ids``: the tokens generated so far (for the penalties)."""
+    if params.adjusts_logits:
+        logits = add_adjustments(logits, *logit_adjustments(params, output_token_ids))
     if params.greedy:
         return int(np.argmax(logits))  # first maximum = lowest id on ties
     p = filtered_probs(logits, params)  # (V,)
@@ -73,3 +116,20 @@ def sample(logits: np.ndarray, params: SamplingParams, seed: int, counter: int) 
     target = uniform(seed, counter) * running[-1]
     pick = int(np.searchsorted(running, target, side="right"))
     return min(pick, int(np.flatnonzero(p)[-1]))
+
+
+class TokenLogprobs(NamedTuple):
+    """The chosen token's log-probability and the ``n`` most likely ``(token, logprob)`` pairs,
+    most likely first (ties: lowest id first)."""
+
+    logprob: float
+    top: tuple[tuple[int, float], ...]
+
+
+def token_logprobs(logits: np.ndarray, token: int, top_n: int) -> TokenLogprobs:
+    """Log-softmax of ``logits`` (V,): ``token``'s entry and the ``top_n`` largest."""
+    z = logits.astype(np.float64)  # (V,)
+    z = z - z.max()
+    logp = z - np.log(np.exp(z).sum())  # (V,)
+    best = np.lexsort((np.arange(logp.size), -logp))[:top_n]  # (top_n,) by logprob, then id
+    return TokenLogprobs(float(logp[token]), tuple((int(t), float(logp[t])) for t in best))

@@ -58,6 +58,15 @@ class RingClient:
         reason = FINISH_REASONS[int(ring.finish_reason[slot])] if finished else None
         return tokens, finished, reason
 
+    def logprobs(self, slot: int, start: int, stop: int) -> list[tuple[float, list]]:
+        """Tokens ``start..stop`` (already seen by ``poll``) of a request that asked for
+        logprobs: (logprob, [(token, logprob), ...] most likely first) each."""
+        ring, k = self.ring, int(self.ring.num_logprobs[slot])
+        chosen = ring.output_logprobs[slot, start:stop].tolist()
+        ids = ring.output_top_ids[slot, start:stop, :k].tolist()
+        values = ring.output_top_logprobs[slot, start:stop, :k].tolist()
+        return [(c, list(zip(i, v))) for c, i, v in zip(chosen, ids, values)]
+
     def cancel(self, slot: int) -> None:
         """Ask the engine to stop this request; it completes the slot with reason "abort"
         (or whatever it finished with, if it finished first)."""
@@ -111,6 +120,14 @@ class RingClient:
             raise ValueError("token ids must be in [0, 2**31)")
         if params.seed is not None and not 0 <= params.seed < 2**63:
             raise ValueError(f"seed={params.seed} must be in [0, 2**63)")
+        if len(params.logit_bias) > layout.max_logit_bias:
+            raise ValueError(f"{len(params.logit_bias)} logit_bias entries; the ring holds at "
+                             f"most max_logit_bias={layout.max_logit_bias}")
+        if any(token >= 2**31 for token, _ in params.logit_bias):
+            raise ValueError("logit_bias token ids must be in [0, 2**31)")
+        if params.logprobs is not None and params.logprobs > layout.max_logprobs:
+            raise ValueError(f"logprobs={params.logprobs}: this ring holds at most "
+                             f"max_logprobs={layout.max_logprobs} per token")
 
     def _reserve(self) -> int:
         """Claim an EMPTY slot (EMPTY -> FILLING), scanning circularly from the cursor."""
@@ -136,6 +153,12 @@ class RingClient:
         ring.stop_ids[slot] = -1
         ring.stop_ids[slot, :len(params.stop_token_ids)] = params.stop_token_ids
         ring.ignore_eos[slot] = int(params.ignore_eos)
+        ring.presence_penalty[slot] = params.presence_penalty
+        ring.frequency_penalty[slot] = params.frequency_penalty
+        ring.logit_bias_ids[slot] = -1
+        ring.logit_bias_ids[slot, :len(params.logit_bias)] = [t for t, _ in params.logit_bias]
+        ring.logit_bias_values[slot, :len(params.logit_bias)] = [b for _, b in params.logit_bias]
+        ring.num_logprobs[slot] = -1 if params.logprobs is None else params.logprobs
         ring.request_id[slot] = request_id
         # The engine's fields start fresh: this slot may have carried another request before.
         ring.cancel[slot] = 0

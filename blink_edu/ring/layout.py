@@ -91,8 +91,9 @@ FINISH_REASONS = {FINISH_NONE: None, FINISH_STOP: "stop", FINISH_LENGTH: "length
 FINISH_CODES = {reason: code for code, reason in FINISH_REASONS.items()}
 
 ALIGN = 64  # bytes: one cache line per field start
-MAGIC = int.from_bytes(b"BLNKRNG2", "little")  # marks a formatted ring (and its format version)
-HEADER = ("magic", "num_slots", "max_prompt_tokens", "max_output_tokens", "max_stop_ids")  # int64
+MAGIC = int.from_bytes(b"BLNKRNG3", "little")  # marks a formatted ring (and its format version)
+HEADER = ("magic", "num_slots", "max_prompt_tokens", "max_output_tokens", "max_stop_ids",
+          "max_logit_bias", "max_logprobs")  # int64
 # int64 each, one cache line each: the frontends ring the doorbell; the engine beats its heartbeat;
 # a frontend sets engine_stop to 1 to ask the engine to stop (after draining its requests).
 COUNTERS = ("doorbell", "engine_heartbeat", "engine_stop")
@@ -121,22 +122,31 @@ def _align(n: int) -> int:
 @dataclass(frozen=True)
 class RingLayout:
     """Sizes of the ring; ``fields`` turns them into byte offsets. S = num_slots,
-    P = max_prompt_tokens, O = max_output_tokens, T = max_stop_ids."""
+    P = max_prompt_tokens, O = max_output_tokens, T = max_stop_ids, B = max_logit_bias
+    (``logit_bias`` entries a request may carry), K = max_logprobs (top log-probabilities per
+    token a request may ask for; 0: only the chosen token's). The output arenas take
+    ``S * O * (8 + 8K)`` bytes: K is what makes a ring large."""
 
     num_slots: int = 4096  # S
     max_prompt_tokens: int = 2048  # P
     max_output_tokens: int = 1024  # O
     max_stop_ids: int = 4  # T
+    max_logit_bias: int = 64  # B
+    max_logprobs: int = 0  # K
 
     def __post_init__(self):
         for name in ("num_slots", "max_prompt_tokens", "max_output_tokens", "max_stop_ids"):
             if getattr(self, name) < 1:
                 raise ValueError(f"RingLayout.{name} must be >= 1, got {getattr(self, name)}")
+        for name in ("max_logit_bias", "max_logprobs"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"RingLayout.{name} must be >= 0, got {getattr(self, name)}")
 
     def slot_fields(self) -> dict[str, tuple[type, tuple[int, ...]]]:
         """Per-slot fields: name -> (dtype, shape). Who writes each is noted beside it."""
         S, P = self.num_slots, self.max_prompt_tokens
         O, T = self.max_output_tokens, self.max_stop_ids
+        B, K = self.max_logit_bias, self.max_logprobs
         return {
             "state": (np.int32, (S,)),  # both sides, only through Ring.cas
             "request_id": (np.int64, (S,)),  # frontend: its own id for the request
@@ -152,11 +162,21 @@ class RingLayout:
             "top_p": (np.float32, (S,)),  # frontend
             "stop_ids": (np.int32, (S, T)),  # frontend, -1 padded
             "ignore_eos": (np.int32, (S,)),  # frontend (0/1)
+            "presence_penalty": (np.float32, (S,)),  # frontend
+            "frequency_penalty": (np.float32, (S,)),  # frontend
+            "logit_bias_ids": (np.int32, (S, B)),  # frontend, -1 padded
+            "logit_bias_values": (np.float32, (S, B)),  # frontend
+            "num_logprobs": (np.int32, (S,)),  # frontend: top logprobs wanted (-1: none)
             "cancel": (np.int32, (S,)),  # frontend only, even while the engine owns the slot
             "generated": (np.int32, (S,)),  # engine: how many output tokens are published
             "finish_reason": (np.int32, (S,)),  # engine: a FINISH_* code
             "prompt_tokens": (np.int32, (S, P)),  # frontend: the prompt arena
             "output_tokens": (np.int32, (S, O)),  # engine: the output arena, append-only
+            # engine, when num_logprobs >= 0: each output token's log-probability and the
+            # num_logprobs most likely (token, log-probability), written before `generated`
+            "output_logprobs": (np.float32, (S, O)),
+            "output_top_ids": (np.int32, (S, O, K)),
+            "output_top_logprobs": (np.float32, (S, O, K)),
         }
 
     @cached_property
@@ -261,6 +281,12 @@ class Ring:
         if self._lock_path is not None and os.path.exists(self._lock_path):
             os.unlink(self._lock_path)
 
+    def reset(self) -> None:
+        """Format the ring again: every slot EMPTY, every counter 0 (the layout kept). Only
+        for the ring's creator, when no engine is attached and no frontend is writing a slot
+        (the server, after its engine died, before it starts the next one)."""
+        _format(self.raw, self.layout)
+
     # --- the atomic primitives ---------------------------------------------------------------
     @contextmanager
     def lock(self):
@@ -307,7 +333,7 @@ def _format(raw: np.ndarray, layout: RingLayout) -> None:
     raw[:layout.nbytes] = 0  # every slot EMPTY, every counter 0
     header = raw[:len(HEADER) * 8].view(np.int64)
     header[:] = (MAGIC, layout.num_slots, layout.max_prompt_tokens, layout.max_output_tokens,
-                 layout.max_stop_ids)
+                 layout.max_stop_ids, layout.max_logit_bias, layout.max_logprobs)
 
 
 def _read_layout(raw: np.ndarray) -> RingLayout:

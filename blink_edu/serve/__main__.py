@@ -19,6 +19,17 @@ import sys
 from ..config import EXECUTORS, POLICY_NAMES
 
 
+def port_number(text: str) -> int:
+    """A TCP port for argparse: an integer in 1..65535."""
+    try:
+        port = int(text)
+    except ValueError:
+        port = -1
+    if not 1 <= port <= 65535:
+        raise argparse.ArgumentTypeError(f"must be an integer in 1..65535, got {text!r}")
+    return port
+
+
 def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m blink_edu.serve",
                                 description=__doc__.split("\n\n")[0])
@@ -36,16 +47,24 @@ def parse_args(argv=None) -> argparse.Namespace:
                         "lvf (SuperInfer's Largest-VLT-First, KV rotated to host memory), "
                         "waiting-first, swapped-first")
     p.add_argument("--ring-slots", type=int, default=4096, help="ring buffer slots")
+    p.add_argument("--max-logprobs", type=int, default=5,
+                   help="most top logprobs per token a request may ask for (the ring keeps "
+                        "room for them in every slot: 8 bytes x slots x context each)")
     p.add_argument("--kv-blocks", type=int, default=512, help="KV cache blocks (16 tokens each)")
     p.add_argument("--max-num-seqs", type=int, default=64, help="most requests per step")
     p.add_argument("--max-queue", type=int, default=None,
                    help="most requests in the ring at once; more get 429 (default: ring size)")
     p.add_argument("--host", default="127.0.0.1")
-    p.add_argument("--port", type=int, default=8000)
+    p.add_argument("--port", type=port_number, default=8000, help="TCP port, 1..65535")
     p.add_argument("--api-key", default=None, help="require 'Authorization: Bearer <key>'")
     p.add_argument("--drain-timeout", type=float, default=30.0,
                    help="seconds in-flight requests get to finish after SIGINT/SIGTERM")
-    p.add_argument("--log-level", default="warning", help="uvicorn's log level")
+    p.add_argument("--max-engine-restarts", type=int, default=5,
+                   help="engine deaths in a row the server restarts it after (with backoff); "
+                        "one more and the server exits with status 3")
+    p.add_argument("--log-level", default="warning",
+                   choices=("critical", "error", "warning", "info", "debug", "trace"),
+                   help="log level; info and below also log every request (access log)")
     return p.parse_args(argv)
 
 

@@ -9,6 +9,11 @@ loop iteration (busy or idle); the operating system says whether its process sti
     ready       heartbeat moved within the last stall_after_s    200
     stalled     process alive, heartbeat frozen (a hung step)    503
     dead        the engine process exited                        503, in-flight requests fail
+
+The server's ``EngineSupervisor`` (``supervisor.py``) then starts another engine on the same,
+reset, ring; ``follow`` points the watch at it (``starting`` again) and counts the restart.
+Each engine is a *generation*: a request belongs to the one that was running when it was
+submitted, and fails if that one is gone, even once the next one is ready.
 """
 
 from __future__ import annotations
@@ -29,6 +34,20 @@ class EngineWatch:
         self.stall_after_s = stall_after_s
         self.state = "starting"
         self._beat, self._beat_at = 0, time.monotonic()
+        self.generation = 0  # which engine this is: 0, then one more per restart
+        self.restarts = 0
+
+    def follow(self, is_alive: Callable[[], bool], pid: int | None) -> None:
+        """Watch a newly started engine (after a restart): ``starting`` until its heartbeat."""
+        self.is_alive, self.pid = is_alive, pid
+        self.state = "starting"
+        self._beat, self._beat_at = 0, time.monotonic()
+        self.generation += 1
+        self.restarts += 1
+
+    def alive_for(self, generation: int) -> bool:
+        """Whether the engine of ``generation`` is still the one running, and alive."""
+        return self.alive and self.generation == generation
 
     def refresh(self) -> str:
         """Look again; returns (and stores) the new state. A dead engine stays dead."""

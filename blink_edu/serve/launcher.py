@@ -8,6 +8,8 @@ The lifecycle of ``python -m blink_edu.serve``:
     3. serve HTTP (uvicorn) in this process; /health answers 503 until the engine's heartbeat moves
     4. SIGINT / SIGTERM: stop accepting connections, let in-flight requests finish (at most
        ``drain_s`` seconds), then tell the engine to stop, wait for it, unlink the ring
+    (meanwhile, if the engine dies, ``supervisor.py`` resets the ring and starts another one,
+    with backoff; after ``--max-engine-restarts`` deaths in a row it stops the server, exit 3)
 
 The frontend and the engine share nothing but the ring (its words carry the stop request and
 the engine's stats too, see ``ring/control.py``), so the same frontend could drive an engine in another process, on a
@@ -16,6 +18,7 @@ GPU, or — in Blink — a persistent kernel that polls the ring from device mem
 
 from __future__ import annotations
 
+import logging
 import multiprocessing
 import signal
 from contextlib import contextmanager
@@ -23,7 +26,8 @@ from pathlib import Path
 
 import uvicorn
 
-from ..config import EngineConfig, ModelConfig
+from ..backend import will_use_gpu
+from ..config import PERSISTENT_EXECUTORS, EngineConfig, ModelConfig, resolve_executor
 from ..engine.process import run_engine
 from ..model.bundled import BUNDLED_DIR, resolve_model_dir
 from ..model.tokenizer import Tokenizer
@@ -32,23 +36,45 @@ from ..ring.control import EngineStatsBoard, request_stop
 from ..ring.layout import Ring, RingLayout
 from .app import ServeSettings, create_app
 from .health import EngineWatch
+from .supervisor import GAVE_UP_EXIT_STATUS, EngineSupervisor
 
 
 class EngineProcess:
     """The engine, in a spawned process, and the shared-memory ring it serves."""
 
     def __init__(self, model_dir: Path, engine_config: EngineConfig, layout: RingLayout):
-        ctx = multiprocessing.get_context("spawn")  # a fresh interpreter: nothing shared by chance
+        self.model_dir, self.engine_config = model_dir, engine_config
         self.ring = Ring.create(layout)
         self.board = EngineStatsBoard(self.ring)
-        self.process = ctx.Process(
-            target=run_engine, name="blink_edu-engine", daemon=True,
-            args=(self.ring.name, str(model_dir), engine_config))
+        self.process = self._new_process()
+
+    def _new_process(self):
+        ctx = multiprocessing.get_context("spawn")  # a fresh interpreter: nothing shared by chance
+        return ctx.Process(target=run_engine, name="blink_edu-engine", daemon=True,
+                           args=(self.ring.name, str(self.model_dir), self.engine_config))
 
     def start(self) -> EngineWatch:
         self.process.start()
         return EngineWatch(self.ring, self.process.is_alive, self.board.read,
                            pid=self.process.pid)
+
+    @property
+    def exitcode(self) -> int | None:
+        """The engine process's exit status (negative: the signal that killed it)."""
+        return self.process.exitcode
+
+    def reset_ring(self) -> None:
+        """Every slot EMPTY again, every counter 0 (the engine must be gone)."""
+        if self.process.is_alive():
+            raise RuntimeError("the engine is still running: its ring cannot be reset")
+        self.process.join()
+        self.ring.reset()
+
+    def restart(self):
+        """Start a new engine process on the same ring; (its is_alive, its pid)."""
+        self.process = self._new_process()
+        self.process.start()
+        return self.process.is_alive, self.process.pid
 
     def stop(self, timeout_s: float = 10.0) -> None:
         """Ask the engine to stop; force it after ``timeout_s``; then destroy the ring."""
@@ -64,7 +90,15 @@ class EngineProcess:
 class DrainingServer(uvicorn.Server):
     """uvicorn, minus one habit: after its graceful shutdown it re-raises the signal it caught,
     which would kill this process before the engine is stopped and the ring unlinked (and make
-    the exit status "killed by SIGTERM" instead of 0). We catch the signals and keep them."""
+    the exit status "killed by SIGTERM" instead of 0). We catch the signals and keep them.
+    ``banner``: printed once the port is bound (not before: a port in use is an error)."""
+
+    banner = ""
+
+    async def startup(self, sockets=None) -> None:
+        await super().startup(sockets)
+        if self.started and self.banner:
+            print(self.banner, flush=True)
 
     @contextmanager
     def capture_signals(self):
@@ -90,24 +124,36 @@ def serve(args) -> int:
     max_model_len = min(model.max_position_embeddings,
                         engine_config.num_kv_blocks * engine_config.block_size)
     layout = RingLayout(num_slots=args.ring_slots, max_prompt_tokens=max_model_len,
-                        max_output_tokens=max_model_len)
+                        max_output_tokens=max_model_len, max_logprobs=args.max_logprobs)
+    executor = resolve_executor(args.executor, args.policy, serves_ring=True, on_gpu=will_use_gpu())
     settings = ServeSettings(
         model_name=args.served_model_name or default_model_name(folder),
         max_model_len=max_model_len, max_output_tokens=layout.max_output_tokens,
         vocab_size=model.vocab_size, max_queue=args.max_queue or layout.num_slots,
-        api_key=args.api_key)
+        api_key=args.api_key, max_logprobs=layout.max_logprobs,
+        max_logit_bias=layout.max_logit_bias,
+        # the persistent kernel samples on the GPU from the ring alone: no logit adjustments,
+        # no logprobs
+        no_sampling_extras=executor if executor in PERSISTENT_EXECUTORS else None)
+    logging.basicConfig(level=args.log_level.upper(),
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     engine = EngineProcess(folder, engine_config, layout)
     try:
         watch = engine.start()
-        app = create_app(RingClient(engine.ring), tokenizer, settings, watch)
+        supervisor = EngineSupervisor(engine, watch, max_restarts=args.max_engine_restarts)
+        app = create_app(RingClient(engine.ring), tokenizer, settings, watch, supervisor)
         server = DrainingServer(uvicorn.Config(
-            app, host=args.host, port=args.port, log_level=args.log_level, access_log=False,
+            app, host=args.host, port=args.port, log_level=args.log_level,
+            access_log=args.log_level in ("info", "debug", "trace"),
             timeout_graceful_shutdown=args.drain_timeout))
-        print(banner(args, settings, folder, layout, engine), flush=True)
+        server.banner = banner(args, settings, folder, layout, engine)
+        supervisor.on_give_up = lambda: setattr(server, "should_exit", True)
         server.run()
+        if not server.started:
+            raise ValueError(f"could not listen on {args.host}:{args.port} (see above)")
     finally:
         engine.stop()
-    return 0
+    return GAVE_UP_EXIT_STATUS if supervisor.gave_up else 0
 
 
 def default_model_name(folder: Path) -> str:

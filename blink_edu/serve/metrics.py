@@ -22,7 +22,8 @@ vllm:request_success_total{finished_reason}  blink_edu:request_success_total{fin
 vllm:num_requests_running / _waiting      blink_edu:num_requests_running / _waiting (the engine's
                                           scheduler; slots by state are blink_edu:ring_slots)
 vllm:kv_cache_usage_perc                  blink_edu:kv_cache_usage_perc  (0..1, as vLLM's)
-(none)                                    blink_edu:ring_slots{state}, blink_edu:kv_blocks{kind}
+(none)                                    blink_edu:ring_slots{state}, blink_edu:kv_blocks{kind},
+                                          blink_edu:engine_restarts_total
 """
 
 from __future__ import annotations
@@ -48,7 +49,8 @@ class ServeMetrics:
 
     def __init__(self, occupancy: Callable[[], dict[str, int]],
                  kv_blocks: Callable[[], tuple[int, int] | None],
-                 scheduler_counts: Callable[[], tuple[int, int] | None] = lambda: None):
+                 scheduler_counts: Callable[[], tuple[int, int] | None] = lambda: None,
+                 engine_restarts: Callable[[], int] = lambda: 0):
         self.registry = CollectorRegistry()
         r, p = self.registry, "blink_edu:"
         self.time_to_first_token = Histogram(
@@ -68,6 +70,9 @@ class ServeMetrics:
         self.request_success = Counter(p + "request_success", "Finished requests by reason.",
                                        ["finished_reason"], registry=r)
         self._state_gauges(occupancy, kv_blocks, scheduler_counts)
+        # a count, read from the supervisor when scraped: a counter Prometheus cannot .inc()
+        Gauge(p + "engine_restarts_total", "Times the server restarted its dead engine.",
+              registry=r).set_function(engine_restarts)
 
     def _state_gauges(self, occupancy, kv_blocks, scheduler_counts) -> None:
         r, p = self.registry, "blink_edu:"

@@ -3,8 +3,15 @@
 Blink §3 ("HTTP parsing/validation" is the DPU frontend's first job) and DESIGN.md §2. Requests
 are validated in *strict* JSON mode, so ``"max_tokens": "16"`` is an error rather than a silent
 conversion: a frontend that guesses what a client meant hides the client's bug. Unknown fields
-are ignored, as OpenAI does. Parameters we cannot honour (``n > 1``, ``logprobs``, ``echo``)
-are rejected by name instead of being ignored.
+are ignored, as OpenAI does. Parameters we know and cannot honour (``tools``, ``tool_choice``,
+``functions``, ``function_call``, ``response_format`` other than text, ``suffix``,
+``best_of`` other than ``n``) are rejected by name (``UNSUPPORTED``) instead of being ignored.
+
+Supported as vLLM's OpenAI server does: ``n`` choices per prompt (index ``prompt * n + i``),
+a list of prompts in one completions request, ``echo`` (the prompt's text before the
+completion's), ``logprobs`` (completions: an int, the top alternatives per token; chat:
+``logprobs: true`` with ``top_logprobs``), ``presence_penalty``, ``frequency_penalty`` and
+``logit_bias`` (token id as a string -> bias in [-100, 100]).
 
 Extensions beyond OpenAI's schema, as vLLM spells them: ``top_k`` (0 or -1 = off) and
 ``ignore_eos`` (keep generating past the end-of-sequence token, for benchmarks).
@@ -12,9 +19,12 @@ Extensions beyond OpenAI's schema, as vLLM spells them: ``top_k`` (0 or -1 = off
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
+
+# Request fields we know but do not implement: a request that sets one gets a 400 naming it.
+UNSUPPORTED = ("tools", "tool_choice", "functions", "function_call", "suffix")
 
 # --- requests ------------------------------------------------------------------------------------
 
@@ -34,12 +44,20 @@ class SamplingFields(BaseModel):
     top_p: float = Field(1.0, gt=0, le=1)
     top_k: int = Field(0, ge=-1)  # extension; 0 or -1 = off
     seed: int | None = Field(None, ge=0, lt=2**63)
-    n: int = 1
+    n: int = Field(1, ge=1)  # choices per prompt
     stop: str | list[str] | None = None
     stream: bool = False
     stream_options: StreamOptions | None = None
     ignore_eos: bool = False  # extension
-    logprobs: bool | int | None = None  # not supported: rejected when set
+    presence_penalty: float = Field(0.0, ge=-2, le=2)
+    frequency_penalty: float = Field(0.0, ge=-2, le=2)
+    logit_bias: dict[str, float] | None = None  # token id (as a string) -> bias
+    # known, not implemented: refused by name when set (UNSUPPORTED, response_format)
+    tools: Any = None
+    tool_choice: Any = None
+    functions: Any = None
+    function_call: Any = None
+    response_format: dict[str, Any] | None = None
 
     def stop_strings(self) -> list[str]:
         return [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
@@ -48,9 +66,15 @@ class SamplingFields(BaseModel):
 class CompletionRequest(SamplingFields):
     """POST /v1/completions. ``prompt``: text, or token ids, or a list of one text."""
 
-    prompt: str | list[int] | list[str]
+    prompt: str | list[int] | list[str] | list[list[int]]
     max_tokens: int | None = 16  # OpenAI's default for completions
-    echo: bool = False  # not supported: rejected when true
+    echo: bool = False  # the prompt's text before each choice's completion
+    logprobs: int | None = Field(None, ge=0, le=20)  # top alternatives per token
+    suffix: str | None = None  # not implemented: refused when set
+    best_of: int | None = None  # only best_of == n (or unset) is served
+
+    def num_logprobs(self) -> int | None:
+        return self.logprobs
 
 
 class TextPart(BaseModel):
@@ -79,6 +103,11 @@ class ChatCompletionRequest(SamplingFields):
     messages: list[ChatMessage]
     max_tokens: int | None = None  # deprecated by OpenAI in favour of max_completion_tokens
     max_completion_tokens: int | None = None
+    logprobs: bool = False
+    top_logprobs: int | None = Field(None, ge=0, le=20)  # needs logprobs: true
+
+    def num_logprobs(self) -> int | None:
+        return (self.top_logprobs or 0) if self.logprobs else None
 
 
 # --- responses -----------------------------------------------------------------------------------
@@ -90,11 +119,34 @@ class Usage(BaseModel):
     total_tokens: int
 
 
+class CompletionLogprobs(BaseModel):
+    """OpenAI's legacy completions shape: parallel lists, one entry per token."""
+
+    tokens: list[str] = []
+    token_logprobs: list[float] = []
+    top_logprobs: list[dict[str, float]] = []
+    text_offset: list[int] = []
+
+
 class CompletionChoice(BaseModel):
     index: int = 0
     text: str
     finish_reason: str | None = None  # "stop" | "length"; None in a chunk that is not the last
-    logprobs: None = None
+    logprobs: CompletionLogprobs | None = None
+
+
+class TopLogprob(BaseModel):
+    token: str
+    logprob: float
+    bytes: list[int]
+
+
+class ChatTokenLogprob(TopLogprob):
+    top_logprobs: list[TopLogprob]
+
+
+class ChatLogprobs(BaseModel):
+    content: list[ChatTokenLogprob]
 
 
 class CompletionResponse(BaseModel):
@@ -118,6 +170,7 @@ class ChatChoice(BaseModel):
     index: int = 0
     message: ChatMessageOut
     finish_reason: str
+    logprobs: ChatLogprobs | None = None
 
 
 class ChatCompletionResponse(BaseModel):
@@ -138,6 +191,7 @@ class ChatChunkChoice(BaseModel):
     index: int = 0
     delta: ChatDelta
     finish_reason: str | None = None
+    logprobs: ChatLogprobs | None = None
 
 
 class ChatCompletionChunk(BaseModel):

@@ -48,6 +48,10 @@ class SlotReaper:
         self.client.cancel(slot)
         self.slots.add(slot)
 
+    def forget_all(self) -> None:
+        """The engine died and the ring was reset: nothing is left to release."""
+        self.slots.clear()
+
     def sweep(self) -> None:
         for slot in list(self.slots):
             _, finished, _ = self.client.poll(slot, seen=0)
@@ -86,6 +90,9 @@ class RequestStream:
         self.slot: int | None = None
         self.finish_reason: str | None = None
         self.completion_tokens = 0  # tokens consumed: up to the one that completed a stop string
+        # (token, logprob, [(token, logprob), ...]) of each consumed token not yet taken, when
+        # the request asked for logprobs (take_logprobs)
+        self._logprobs: list[tuple[int, float, list]] = []
 
     def submit(self) -> None:
         """Write the request into the ring (ValueError / RingFull from the client pass through)."""
@@ -98,12 +105,17 @@ class RequestStream:
         outcome = "abort"  # what is recorded if the generator is closed early: the client left
         try:
             while True:
+                if not self.engine_alive():  # first: a restart resets the ring's slots
+                    outcome = "error"
+                    raise EngineFailed("the engine process stopped while generating")
                 tokens, finished, reason = self.client.poll(self.slot, seen)
                 if tokens:
                     now = time.perf_counter()
                     self._observe(seen, len(tokens), now - last)
-                    seen, last = seen + len(tokens), now
+                    consumed_before = self.completion_tokens
                     piece, stopped = self._consume(tokens)
+                    self._keep_logprobs(tokens[:self.completion_tokens - consumed_before], seen)
+                    seen, last = seen + len(tokens), now
                     if piece:
                         yield piece
                     if stopped:  # a stop string: the finally below cancels the slot
@@ -119,14 +131,22 @@ class RequestStream:
                     if tail:
                         yield tail
                     return
-                if not self.engine_alive():
-                    outcome = "error"
-                    raise EngineFailed("the engine process stopped while generating")
                 await asyncio.sleep(self.poll_interval_s)
         finally:
             self._let_go(outcome)
 
+    def take_logprobs(self) -> list[tuple[int, float, list]]:
+        """The logprobs of the tokens consumed since the last call (empty without logprobs)."""
+        taken, self._logprobs = self._logprobs, []
+        return taken
+
     # --- steps -------------------------------------------------------------------------------
+    def _keep_logprobs(self, tokens: list[int], first: int) -> None:
+        if self.params.logprobs is None or not tokens:
+            return
+        entries = self.client.logprobs(self.slot, first, first + len(tokens))
+        self._logprobs += [(t, lp, top) for t, (lp, top) in zip(tokens, entries)]
+
     def _consume(self, tokens: list[int]) -> tuple[str, bool]:
         """Detokenize new ids one by one, cutting at a stop string; (text, stopped)."""
         pieces = []

@@ -82,3 +82,54 @@ def test_graph_executor_needs_a_gpu_and_says_so(checkpoints):
     with pytest.raises(RuntimeError, match="graph executor needs a GPU"):
         LLMEngine(weights, EngineConfig(executor="graph", num_kv_blocks=4, max_num_seqs=1,
                                         max_num_batched_tokens=4, max_model_len=16))
+
+
+@pytest.mark.parametrize("executor", ["reference"] + EXECUTORS)
+def test_logit_bias_and_penalties_match_reference(checkpoints, rng, executor):
+    """Penalties and logit_bias through the engine (adjustments packed from each sequence's
+    generated tokens) give the reference's tokens; a banned token never appears, a forced one
+    always does."""
+    weights = load_weights(checkpoints["llama"][0])
+    V = weights.config.vocab_size
+    prompts = [rng.integers(3, V, size=3).tolist() for _ in range(3)]
+    forced = int(rng.integers(3, V))
+    params = [SamplingParams(temperature=0, max_tokens=4, ignore_eos=True,
+                             frequency_penalty=2.0, presence_penalty=1.0),
+              SamplingParams(temperature=0.8, max_tokens=4, ignore_eos=True, seed=7,
+                             logit_bias=((forced, 100.0),)),
+              SamplingParams(temperature=0, max_tokens=4, ignore_eos=True)]
+    plain = ref.generate(weights, prompts[2:], params[2:], block_size=4)[0]
+    params[2] = SamplingParams(temperature=0, max_tokens=4, ignore_eos=True,
+                               logit_bias=((plain[0], -100.0),))
+    got, _ = run_engine(weights, prompts, params, executor, block_size=4, num_kv_blocks=12,
+                        max_num_seqs=4, max_num_batched_tokens=16, max_model_len=32)
+    assert got == ref.generate(weights, prompts, params, block_size=4)
+    assert got[1] == [forced] * 4 and plain[0] not in got[2]
+
+
+@pytest.mark.parametrize("executor", EXECUTORS)
+def test_logprobs_match_the_reference_executor(checkpoints, rng, executor):
+    """The chosen token's log-probability and the top ones: the kernel executor's equal the
+    reference executor's; greedy picks the most likely; only the rows that asked get them."""
+    weights = load_weights(checkpoints["llama"][0])
+    V = weights.config.vocab_size
+    prompts = [rng.integers(3, V, size=3).tolist() for _ in range(2)]
+    params = [SamplingParams(temperature=0, max_tokens=3, ignore_eos=True, logprobs=3,
+                             logit_bias=((int(rng.integers(V)), 5.0),)),
+              SamplingParams(temperature=0, max_tokens=3, ignore_eos=True)]
+    outputs = {}
+    for name in ("reference", executor):
+        engine = LLMEngine(weights, EngineConfig(executor=name, block_size=4, num_kv_blocks=8,
+                                                 max_num_seqs=2, max_model_len=16))
+        for p, q in zip(prompts, params):
+            engine.add_request(p, q)
+        outputs[name] = [o for _ in range(3) for o in engine.step()]
+    for ref_out, out in zip(outputs["reference"], outputs[executor]):
+        assert out.token_id == ref_out.token_id
+        if out.request_id == 1:
+            assert out.logprobs is None and ref_out.logprobs is None
+            continue
+        assert out.logprobs.logprob == pytest.approx(ref_out.logprobs.logprob, abs=1e-4)
+        assert [t for t, _ in out.logprobs.top] == [t for t, _ in ref_out.logprobs.top]
+        assert out.logprobs.top[0] == (out.token_id, pytest.approx(out.logprobs.logprob))
+        assert len(out.logprobs.top) == 3 and out.logprobs.logprob < 0

@@ -11,10 +11,12 @@ from blink_edu.kernels.elementwise import embed_tokens_kernel, swiglu_kernel
 from blink_edu.kernels.linear import GEMV_MAX_ROWS, linear_kernel, linear_work_items
 from blink_edu.kernels.reduce import THREADS, block_exclusive_sum, cuda, grid_for
 from blink_edu.kernels.rope import rope_and_write_kv_kernel
-from blink_edu.kernels.sampling import sample_rows_kernel
+from blink_edu.engine.step import pack_adjustments
+from blink_edu.kernels.sampling import (adjust_logits_kernel, adjust_row_from_history,
+                                        sample_rows_kernel)
 from blink_edu.kernels.sampling import uniform as ks_uniform
 from blink_edu.model import reference as ref
-from blink_edu.model.sampling import sample, uniform
+from blink_edu.model.sampling import add_adjustments, logit_adjustments, sample, uniform
 
 
 def rel_err(a, b) -> float:
@@ -172,6 +174,69 @@ def test_sampling_matches_reference(rng, case):
         dev(seeds), dev(counters), out)
     expected = [sample(logits[s], params, int(seeds[s]), int(counters[s])) for s in range(S)]
     assert out.copy_to_host().tolist() == expected
+
+
+def test_sampling_with_logit_adjustments_matches_reference(rng):
+    """logit_bias and penalties: the adjustment kernel, then the sampler, give the reference's
+    tokens (greedy and sampled rows; one row without adjustments among them)."""
+    S, V = 3, 300
+    logits = (2 * rng.standard_normal((S, V))).astype(np.float32)
+    outputs = [rng.integers(0, V, size=12).tolist() for _ in range(S)]
+    params = [SamplingParams(temperature=0, frequency_penalty=1.5, presence_penalty=0.5,
+                             logit_bias=((int(np.argmax(logits[0])), -100.0),)),
+              SamplingParams(temperature=0.9, logit_bias=((int(rng.integers(V)), 100.0),)),
+              SamplingParams(temperature=0)]
+    ids, deltas, lengths = pack_adjustments(params, outputs)
+    seeds = rng.integers(0, 2**31, size=S).astype(np.uint32)
+    counters = np.array([len(o) for o in outputs], np.int32)
+    d_logits, out = dev(logits), dev(np.full(S, -1, np.int32))
+    adjust_logits_kernel[grid_for(S), THREADS](d_logits, dev(ids), dev(deltas), dev(lengths))
+    sample_rows_kernel[grid_for(S), THREADS](
+        d_logits, dev(np.array([p.temperature for p in params], np.float32)),
+        dev(np.ones(S, np.float32)), dev(np.zeros(S, np.int32)), dev(seeds), dev(counters), out)
+    expected = [sample(logits[s], params[s], int(seeds[s]), int(counters[s]), outputs[s])
+                for s in range(S)]
+    assert out.copy_to_host().tolist() == expected
+    assert expected[0] != int(np.argmax(logits[0])) and expected[1] == params[1].logit_bias[0][0]
+
+
+@cuda.jit
+def adjust_from_history_kernel(logits, histories, lengths, presence, frequency, bias_ids,
+                               bias_values):
+    s = cuda.blockIdx.x
+    adjust_row_from_history(logits, s, histories[s], lengths[s], presence[s], frequency[s],
+                            bias_ids[s], bias_values[s])
+
+
+def test_adjusting_from_the_history_is_bit_identical_to_the_reference(rng):
+    """The persistent kernel's way (from a request's record in the ring) adds exactly the
+    reference's float32 deltas: repeated tokens, biased tokens generated or not, a row
+    without penalties, -1 padding."""
+    S, V, O, B = 3, 200, 24, 4
+    logits = (2 * rng.standard_normal((S, V))).astype(np.float32)
+    histories = rng.integers(0, 30, size=(S, O)).astype(np.int32)  # small range: repeats
+    lengths = np.array([O, 11, 7], np.int32)
+    presence = rng.uniform(-2, 2, size=S).astype(np.float32)
+    frequency = rng.uniform(-2, 2, size=S).astype(np.float32)
+    presence[2] = frequency[2] = 0  # row 2: bias only
+    bias_ids = np.full((S, B), -1, np.int32)
+    bias_values = np.zeros((S, B), np.float32)
+    for s in range(S):
+        ids = rng.choice(np.r_[histories[s, :2], rng.integers(30, V, size=3)], 3, replace=False)
+        bias_ids[s, :3] = ids
+        bias_values[s, :3] = rng.uniform(-100, 100, size=3)
+    expected = []
+    for s in range(S):
+        params = SamplingParams(presence_penalty=float(presence[s]),
+                                frequency_penalty=float(frequency[s]),
+                                logit_bias=tuple((int(t), float(b)) for t, b in
+                                                 zip(bias_ids[s, :3], bias_values[s, :3])))
+        expected.append(add_adjustments(logits[s], *logit_adjustments(
+            params, histories[s, :lengths[s]].tolist())))
+    out = dev(logits)
+    adjust_from_history_kernel[S, THREADS](out, dev(histories), dev(lengths), dev(presence),
+                                           dev(frequency), dev(bias_ids), dev(bias_values))
+    assert np.array_equal(out.copy_to_host(), np.stack(expected))
 
 
 @cuda.jit

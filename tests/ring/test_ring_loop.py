@@ -22,7 +22,7 @@ from tiny_models import TINY
 
 from blink_edu.config import EngineConfig, SamplingParams
 from blink_edu.engine.llm_engine import LLMEngine
-from blink_edu.engine.ring_loop import RingEngineLoop
+from blink_edu.engine.ring_loop import IdleNap, RingEngineLoop
 from blink_edu.model import reference
 from blink_edu.model.weights import load_weights
 from blink_edu.ring import (EMPTY, FILLING, PREFILL_PENDING,
@@ -323,3 +323,15 @@ def test_rotated_requests_show_as_decode_paused(weights, rng):
     assert paused_seen, "no request was rotated out: the pool was not small enough"
     assert [done[s] for s in slots] == reference.generate(weights, prompts, greedy(8))
     assert (ring.state == EMPTY).all()
+
+
+def test_an_idle_loop_backs_off_and_any_work_resets_its_nap():
+    nap = IdleNap(shortest_s=1e-4, longest_s=1e-3)
+    quiet = [nap.after(False) for _ in range(8)]
+    assert quiet[:5] == pytest.approx([1e-4, 2e-4, 4e-4, 8e-4, 1e-3])
+    assert max(quiet) == 1e-3  # bounded: a request after a quiet spell waits at most 1 ms more
+    assert nap.after(True) == 0 and nap.after(False) == 1e-4
+    spin = IdleNap(shortest_s=0, longest_s=1e-3)  # shortest 0: a benchmark's spinning loop
+    assert {spin.after(False) for _ in range(5)} == {0}
+    with pytest.raises(ValueError, match="shortest_s <= longest_s"):
+        IdleNap(shortest_s=1e-2, longest_s=1e-3)

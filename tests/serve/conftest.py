@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import openai
 import pytest
-from server_process import running_server
+from server_process import API_KEY, running_server
 
 from blink_edu.model.bundled import resolve_model_dir
 from blink_edu.model.tokenizer import Tokenizer
@@ -15,6 +16,13 @@ def server(tmp_path_factory):
     with running_server(tmp_path_factory.mktemp("serve"), "--ring-slots", "16", "--kv-blocks",
                         "64", "--max-num-seqs", "4") as s:
         yield s
+
+
+@pytest.fixture(scope="module")
+def client(server) -> openai.OpenAI:
+    """The official client, talking to the module's server."""
+    return openai.OpenAI(base_url=f"{server.url}/v1", api_key=API_KEY, max_retries=0,
+                         timeout=60)
 
 
 @pytest.fixture(scope="session")

@@ -11,6 +11,9 @@ from blink_edu.serve.subprocess_server import running_server as _running_server
 API_KEY = "test-key"
 START_TIMEOUT_S = 60
 MODEL = "blink-edu-7m"
+PROMPT = "Once upon a time"
+CHAT = [{"role": "user", "content": "Tell me about the sea."}]
+LONG = {"ignore_eos": True}  # never stop early at EOS: the request runs to max_tokens
 
 
 @contextmanager

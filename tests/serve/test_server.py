@@ -7,7 +7,8 @@ and end the request; every bad input gets its 4xx and the server keeps answering
 disconnects mid-stream frees its slot and KV blocks; more clients than ``--max-num-seqs`` are all
 answered exactly once and leave the ring empty; a full ring answers 429 with Retry-After; SIGTERM
 drains in-flight streams and exits 0 with the ring unlinked; a dead engine fails in-flight
-requests with an error event and turns /health to 503."""
+requests with an error event and is restarted (or, after too many deaths, the server exits 3);
+--port is checked and the banner appears only once the port is bound."""
 
 from __future__ import annotations
 
@@ -22,18 +23,7 @@ from pathlib import Path
 import httpx
 import openai
 import pytest
-from server_process import API_KEY, MODEL, running_server
-
-PROMPT = "Once upon a time"
-CHAT = [{"role": "user", "content": "Tell me about the sea."}]
-LONG = {"ignore_eos": True}  # never stop early at EOS: the request runs to max_tokens
-
-
-@pytest.fixture(scope="module")
-def client(server) -> openai.OpenAI:
-    return openai.OpenAI(base_url=f"{server.url}/v1", api_key=API_KEY, max_retries=0,
-                         timeout=60)
-
+from server_process import API_KEY, CHAT, LONG, MODEL, PROMPT, running_server
 
 def streamed_text(chunks, chat: bool) -> tuple[str, list]:
     """(concatenated text, every chunk) of an openai stream."""
@@ -135,7 +125,26 @@ BAD = [
     ("completions", {"prompt": "hi", "max_tokens": 100000}, 400, "max_tokens"),
     ("completions", {"prompt": "hi", "temperature": -1}, 400, "temperature"),
     ("completions", {"prompt": "hi", "top_p": 0}, 400, "top_p"),
-    ("completions", {"prompt": "hi", "n": 2}, 400, "n"),
+    ("completions", {"prompt": "hi", "n": 0}, 400, "n"),
+    ("completions", {"prompt": "hi", "n": 40}, 400, "n"),  # more than the 16-slot ring queues
+    ("chat/completions", {"messages": CHAT, "tools": [{"type": "function"}]}, 400, "tools"),
+    ("chat/completions", {"messages": CHAT, "tool_choice": "auto"}, 400, "tool_choice"),
+    ("chat/completions", {"messages": CHAT, "functions": []}, 400, "functions"),
+    ("chat/completions", {"messages": CHAT, "response_format": {"type": "json_object"}}, 400,
+     "response_format"),
+    ("chat/completions", {"messages": CHAT, "top_logprobs": 2}, 400, "top_logprobs"),
+    ("chat/completions", {"messages": CHAT, "logprobs": True, "top_logprobs": 9}, 400,
+     "top_logprobs"),  # above --max-logprobs (5)
+    ("completions", {"prompt": "hi", "logprobs": 6}, 400, "logprobs"),
+    ("completions", {"prompt": "hi", "suffix": "end"}, 400, "suffix"),
+    ("completions", {"prompt": "hi", "best_of": 3}, 400, "best_of"),
+    ("completions", {"prompt": "hi", "echo": True, "logprobs": 1}, 400, "echo"),
+    ("completions", {"prompt": "hi", "logit_bias": {"abc": 1}}, 400, "logit_bias"),
+    ("completions", {"prompt": "hi", "logit_bias": {"999999": 1}}, 400, "logit_bias"),
+    ("completions", {"prompt": "hi", "logit_bias": {"5": 101}}, 400, "logit_bias"),
+    ("completions", {"prompt": "hi", "presence_penalty": 2.5}, 400, "presence_penalty"),
+    ("completions", {"prompt": "hi", "frequency_penalty": -3}, 400, "frequency_penalty"),
+    ("completions", {"prompt": []}, 400, "prompt"),
     ("completions", {"prompt": "hi", "model": "gpt-17"}, 404, "model"),
     ("completions", {"prompt": [5, 999999]}, 400, "prompt"),  # token id outside the vocabulary
     ("completions", {"prompt": "hi", "stop": [""]}, 400, "stop"),
@@ -258,23 +267,72 @@ def test_full_ring_gets_429_and_sigterm_drains(tmp_path):
         assert not ring.exists()
 
 
-def test_dead_engine_fails_in_flight_requests_and_health(tmp_path):
+def wait_until(condition, timeout_s: float, what: str):
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, f"{what} within {timeout_s} s"
+        time.sleep(0.1)
+
+
+def test_a_killed_engine_fails_its_requests_and_is_restarted(tmp_path):
+    """The engine dies mid-stream: the stream ends with an error event, the death and the
+    restart are logged, /health and /metrics count the restart, new requests succeed on the
+    new engine, and at exit nothing is left in /dev/shm."""
     with running_server(tmp_path, "--ring-slots", "4", "--kv-blocks", "64") as server:
         client = openai.OpenAI(base_url=f"{server.url}/v1", api_key=API_KEY, max_retries=0,
                                timeout=30)
+        ring = Path("/dev/shm") / server.health().json()["ring"]["name"]
         stream = client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=400,
                                            stream=True, extra_body=LONG)
         next(iter(stream))  # running
-        os.kill(server.engine_pid, signal.SIGKILL)
+        old_pid = server.engine_pid
+        os.kill(old_pid, signal.SIGKILL)
         with pytest.raises(openai.APIError, match="engine"):
             for _ in stream:
                 pass
-        r = server.health()
-        assert r.status_code == 503 and r.json()["status"] == "dead"
-        with pytest.raises(openai.InternalServerError):  # 503 for a new request
-            client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=4)
-        ring = Path("/dev/shm") / r.json()["ring"]["name"]
+        wait_until(server.ready, 60, "the engine restarted")
+        detail = server.health().json()
+        server.engine_pid = detail["engine_pid"]  # the running_server cleanup watches this one
+        assert detail["engine_restarts"] == 1 and detail["engine_pid"] != old_pid
+        assert server.metric("blink_edu:engine_restarts_total") == 1
+        out = client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=4,
+                                        extra_body=LONG)
+        assert out.usage.completion_tokens == 4
+        streamed = client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=4,
+                                             stream=True, extra_body=LONG)
+        assert [c.choices[0].finish_reason for c in streamed if c.choices][-1] == "length"
+        log = server.log.read_text()
+        assert f"engine process {old_pid} died" in log and "engine restarted" in log
+        assert server.wait_idle()["ring"]["slots"]["EMPTY"] == 4
         assert server.stop() == 0 and not ring.exists()
+
+
+def test_the_server_gives_up_after_max_engine_restarts(tmp_path):
+    with running_server(tmp_path, "--ring-slots", "2", "--kv-blocks", "64",
+                        "--max-engine-restarts", "0") as server:
+        ring = Path("/dev/shm") / server.health().json()["ring"]["name"]
+        os.kill(server.engine_pid, signal.SIGKILL)
+        assert server.process.wait(30) == 3  # for a supervisor (systemd, Kubernetes) to act on
+        assert "giving up" in server.log.read_text() and not ring.exists()
+
+
+def test_port_is_validated_and_the_banner_waits_for_the_bind(tmp_path):
+    import socket
+    import subprocess
+    import sys
+
+    for bad in ("0", "70000", "http"):
+        run = subprocess.run([sys.executable, "-m", "blink_edu.serve", "--port", bad],
+                             capture_output=True, text=True, timeout=60)
+        assert run.returncode == 2 and "--port: must be an integer in 1..65535" in run.stderr
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        run = subprocess.run([sys.executable, "-m", "blink_edu.serve", "--port", str(port),
+                              "--ring-slots", "2", "--kv-blocks", "64"],
+                             capture_output=True, text=True, timeout=120)
+    assert run.returncode != 0 and "listening on" not in run.stdout + run.stderr
 
 
 def test_non_streamed_client_disconnect_cancels_and_frees_the_slot(server):
