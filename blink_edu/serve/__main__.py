@@ -1,6 +1,6 @@
 """``python -m blink_edu.serve``: an OpenAI-compatible server, frontend and engine in two processes.
 
-DESIGN.md §1, §2 and Blink §3: the frontend (this process: HTTP, SSE, tokenizer) writes requests
+docs/design.md §1, §2 and Blink §3: the frontend (this process: HTTP, SSE, tokenizer) writes requests
 into a shared-memory ring; the engine (a spawned process: model, scheduler, KV) polls the ring,
 runs the model and publishes tokens back into it. See ``launcher.py`` for the lifecycle.
 

@@ -1,7 +1,7 @@
 """The HTTP frontend: OpenAI's API over the ring (a FastAPI app).
 
 Blink §3 (the DPU frontend: "HTTP parsing/validation, ring buffer coordination, SSE streaming,
-tokenization") and DESIGN.md §2, §8. ``create_app`` takes a ``RingClient`` — never an engine —
+tokenization") and docs/design.md §2, §8. ``create_app`` takes a ``RingClient`` — never an engine —
 so everything here is what a SmartNIC could do: parse and check the request, turn text into
 token ids, write them into a ring slot, and turn the ids that appear in the slot back into text.
 

@@ -1,6 +1,6 @@
 """Is the engine alive? The frontend's answer, from outside: the process and the ring's heartbeat.
 
-Blink §3 and DESIGN.md §2: the frontend cannot ask the engine anything (it only shares the ring),
+Blink §3 and docs/design.md §2: the frontend cannot ask the engine anything (it only shares the ring),
 so it watches two signs of life. The engine adds one to the ring's ``engine_heartbeat`` on every
 loop iteration (busy or idle); the operating system says whether its process still exists.
 

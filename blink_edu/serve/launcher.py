@@ -1,6 +1,6 @@
 """Start the two halves and wire them together: the engine process, the ring, the HTTP frontend.
 
-Blink §3 ("Host loads model + captures CUDA graphs at startup, then exits") and DESIGN.md §2, §8.
+Blink §3 ("Host loads model + captures CUDA graphs at startup, then exits") and docs/design.md §2, §8.
 The lifecycle of ``python -m blink_edu.serve``:
 
     1. create the ring in shared memory (this process owns it and will unlink it)

@@ -1,6 +1,6 @@
 """Prometheus metrics for ``GET /metrics``, named after vLLM's with a ``blink_edu:`` prefix.
 
-DESIGN.md §9 asks for token times "as the client saw them": these are measured in the frontend,
+docs/design.md §9 asks for token times "as the client saw them": these are measured in the frontend,
 from the moment a request is submitted to the moment its tokens are *seen* in the ring, so they
 include the ring's polling delay (Blink §3's t_poll) — what a user of the server experiences.
 

@@ -1,6 +1,6 @@
 """The OpenAI wire format, as Pydantic models: what a client may send and what we send back.
 
-Blink §3 ("HTTP parsing/validation" is the DPU frontend's first job) and DESIGN.md §2. Requests
+Blink §3 ("HTTP parsing/validation" is the DPU frontend's first job) and docs/design.md §2. Requests
 are validated in *strict* JSON mode, so ``"max_tokens": "16"`` is an error rather than a silent
 conversion: a frontend that guesses what a client meant hides the client's bug. Unknown fields
 are ignored, as OpenAI does. Parameters we know and cannot honour (``tools``, ``tool_choice``,

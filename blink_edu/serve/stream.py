@@ -1,7 +1,7 @@
 """One request's life in the frontend: write it into the ring, poll its slot, stream its text.
 
 Blink §3, the DPU's half of the request lifecycle: "find slot -> write prompt into the slot ->
-(the GPU runs it) -> poll results -> detokenize -> SSE", and DESIGN.md §2. The frontend never
+(the GPU runs it) -> poll results -> detokenize -> SSE", and docs/design.md §2. The frontend never
 calls the engine: it writes a slot and then watches it, exactly as the paper's DPU reads GPU
 memory over RDMA. Here the "RDMA read" is a NumPy read of shared memory, repeated every
 ``poll_interval_s`` with an ``await asyncio.sleep`` in between so one event loop can watch
