@@ -1,17 +1,17 @@
 """Time the tensor-core matmul tile at the SmolLM2-135M shapes on a GPU, inside a CUDA graph.
 
-    python tools/tc_matmul_probe.py [--rows 64 512] [--replays 50] [--runs 20] [--bk 32]
+    python tools/tc_matmul_probe.py [--rows 64 512] [--replays 50] [--runs 20] [--bk 32] [--json F]
 
 For each token count R and each linear layer of the 135M shape (hidden 576, intermediate 1536,
 9 query / 3 KV heads of 64, vocab 49152) it first checks ``tc_matmul_kernel`` against a float64
 NumPy reference (exit 1 if the relative error is not below 1e-2), then times it. A launch from
 Python costs ~55 µs of host time, more than these kernels take, so ``--replays`` launches are
 captured into one CuPy graph and the graph is replayed ``--runs`` times between two CUDA events
-(the ~0.5 µs a graph node costs is included). Beside it, the same for the FMA ``linear_kernel``,
+(the ~0.5 µs a graph node costs is included). Beside it, the same for the FMA tile (``tiled_matmul``),
 and cuBLAS (CuPy fp16 ``matmul``, which cannot be captured: it is timed queued behind a kernel that
 holds the stream, so that only GPU time is counted). ``--bk`` sets the tile's k step before it is
-compiled (one value a process: run the script once per value to compare). Prints one table;
-writes nothing.
+compiled (one value a process: run the script once per value to compare). Prints one table,
+and with ``--json`` writes it with the machine and the commit.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ os.environ.setdefault("BLINK_EDU_BACKEND", "gpu")
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from blink_edu.backend import get_backend  # noqa: E402
-from blink_edu.kernels.linear import linear_kernel, linear_work_items  # noqa: E402
+from blink_edu.kernels.linear import linear_work_items, tiled_matmul  # noqa: E402
 from blink_edu.kernels import matmul_tc  # noqa: E402
 from blink_edu.kernels.matmul_tc import (  # noqa: E402
     require_tc_operands, tc_matmul_kernel, tc_work_items, tile_geometry)
@@ -39,6 +39,12 @@ SHAPES = {"qkv": (960, 576, True, False), "o": (576, 576, False, True),
           "lm_head": (49152, 576, True, False)}
 EPS = np.float32(1e-5)
 TOLERANCE = 1e-2
+
+
+@cuda.jit
+def fma_tile_kernel(x, x_rows, norm_w, eps, w, bias, out, accumulate):
+    """The FMA tile alone (``linear_kernel`` takes the tensor-core tile for float16 weights)."""
+    tiled_matmul(x, x_rows, norm_w, eps, w, bias, out, accumulate, cuda.blockIdx.x, cuda.gridDim.x)
 
 
 def operands(rng, R, O, I, norm, residual):
@@ -109,7 +115,9 @@ def main(argv=None) -> int:
     parser.add_argument("--runs", type=int, default=20, help="graph replays timed")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--bk", type=int, choices=[32, 64], help="k step (default: the module's)")
+    parser.add_argument("--json", default=None, help="also write the table here (JSON)")
     args = parser.parse_args(argv)
+    rows = []
     if args.bk:  # before the first launch compiles the kernel with the module's constants
         for name, value in tile_geometry(THREADS, args.bk)._asdict().items():
             setattr(matmul_tc, name, value)
@@ -131,7 +139,7 @@ def main(argv=None) -> int:
             tc_grid, fma_grid = grid_for(tc_work_items(R, O)), grid_for(linear_work_items(R, O))
             tc_us = time_in_graph(lambda s: tc_matmul_kernel[tc_grid, THREADS, s](*kernel_args),
                                   args.replays, args.runs)
-            fma_us = time_in_graph(lambda s: linear_kernel[fma_grid, THREADS, s](*kernel_args),
+            fma_us = time_in_graph(lambda s: fma_tile_kernel[fma_grid, THREADS, s](*kernel_args),
                                    args.replays, args.runs)
             blas_us = time_cublas(R, O, I, args.replays)
             tflops = 2 * R * O * I / (tc_us * 1e-6) / 1e12
@@ -139,6 +147,17 @@ def main(argv=None) -> int:
             print(f"{name:>8} {R:>4} {f'{O}x{I}':>12} {err:8.1e} | {tc_us:7.1f} {tflops:7.1f} "
                   f"{weight_gbs:7.0f} | {fma_us:7.1f} {blas_us:9.1f} {tc_us / blas_us:9.2f}",
                   flush=True)
+            rows.append({"shape": f"{name} R={R}", "O": O, "I": I, "R": R, "error": float(err),
+                         "us": tc_us, "tflops": tflops, "fma_us": fma_us,
+                         "fma_tflops": 2 * R * O * I / (fma_us * 1e-6) / 1e12, "cublas_us": blas_us})
+    if args.json:
+        import json
+
+        from blink_edu.bench.results import commit, machine
+        with open(args.json, "w") as f:
+            json.dump({"name": "tc_matmul", "commit": commit(), "machine": machine(),
+                       "tile": {"BM": matmul_tc.BM, "BN": matmul_tc.BN, "BK": matmul_tc.BK},
+                       "rows": rows}, f, indent=1)
     return 0
 
 

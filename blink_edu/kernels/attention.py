@@ -30,7 +30,7 @@ from .loads import VEC, load8_at
 from .reduce import NEG_INF, THREADS, block_max, block_sum, cuda
 
 UNROLL = 8  # loads each thread has in flight in the inner loops
-MAX_HEAD_DIM = 256  # the wide path's unrolled key loop covers head dims up to this
+KEY_LOADS = 8  # wide loads of one key in flight at once: a whole 64-dim key, half a 128-dim one
 PARTS = THREADS * VEC  # wide path: (THREADS / (E / 8)) position groups x E partial sums
 
 
@@ -38,12 +38,15 @@ PARTS = THREADS * VEC  # wide path: (THREADS / (E / 8)) position groups x E part
 def score_of(q, kv_pool, blk, layer, slot, kvh, E):
     """q . k for the key in ``kv_pool[blk, layer, 0, slot, kvh, :]`` (q in shared memory)."""
     score = float32(0)
-    if E % VEC == 0:  # wide loads, 8 dims each, all of them in flight at once
-        for e0 in range(0, MAX_HEAD_DIM, VEC):  # constant trip count: fully unrolled
-            if e0 < E:
-                k8 = load8_at(kv_pool, (blk, layer, 0, slot, kvh, e0))
-                for u in range(VEC):
-                    score += q[e0 + u] * k8[u]
+    if E % VEC == 0:  # wide loads, 8 dims each, KEY_LOADS of them in flight at once
+        for e0 in range(0, E, VEC * KEY_LOADS):
+            for u in range(KEY_LOADS):  # a small constant trip count: unrolled
+                e = e0 + u * VEC
+                if e < E:
+                    k8 = load8_at(kv_pool, (blk, layer, 0, slot, kvh, e))
+                    score += (q[e] * k8[0] + q[e + 1] * k8[1] + q[e + 2] * k8[2]
+                              + q[e + 3] * k8[3] + q[e + 4] * k8[4] + q[e + 5] * k8[5]
+                              + q[e + 6] * k8[6] + q[e + 7] * k8[7])
         return score
     for e0 in range(0, E, UNROLL):
         for u in range(UNROLL):  # a constant trip count: unrolled, its loads issued together
@@ -67,8 +70,14 @@ def add_values_wide(acc8, weights, n, start, kv_pool, block_tables, row, layer, 
                 c = start + j
                 v8 = load8_at(kv_pool, (block_tables[row, c // B], layer, 1, c % B, kvh, sl * VEC))
                 wj = weights[j]
-                for d in range(VEC):
-                    acc8[d] += wj * v8[d]
+                acc8[0] += wj * v8[0]
+                acc8[1] += wj * v8[1]
+                acc8[2] += wj * v8[2]
+                acc8[3] += wj * v8[3]
+                acc8[4] += wj * v8[4]
+                acc8[5] += wj * v8[5]
+                acc8[6] += wj * v8[6]
+                acc8[7] += wj * v8[7]
 
 
 @cuda.jit(device=True)
