@@ -30,6 +30,7 @@ SKIP_PARTS = {".git", ".venv", "__pycache__", ".pytest_cache", ".hypothesis", "b
               ".ipynb_checkpoints", "_build", "jupyter_execute"}
 INSTRUCTOR_TAG = "instructor"
 FIRST_TODO_TAG = "first-todo"  # the first cell that calls student code (it fails until done)
+INSTALL_LABS = "python3 -m venv .venv && . .venv/bin/activate && pip install -e '.[labs]'"
 TEXT_SUFFIXES = {".py", ".ipynb", ".md", ".txt", ".toml", ".cfg", ".json", ".rst", ".sh", ".yml",
                  ".yaml", ".cu"}
 
@@ -66,10 +67,11 @@ def student_notebook(nb: dict) -> dict:
 
 def guide() -> str:
     lines = ["# Course labs", "",
-             "Set up as the README says (`python3 -m venv .venv && . .venv/bin/activate && "
-             "pip install -e '.[dev]'`), then for each lab:", "",
-             "1. open its notebook in `notebooks/labs/` (`jupyter lab`): it explains the task and "
-             "stops at the first cell that needs your code;",
+             "Set up once (a light install: no torch):", "",
+             "```bash", INSTALL_LABS, "```", "",
+             "then for each lab:", "",
+             "1. open its notebook in `notebooks/labs/` (`jupyter lab notebooks/labs/`): it "
+             "explains the task and stops at the first cell that needs your code;",
              "2. write the functions marked `# TODO: Lab N.k` in `blink_edu/labs/labN_*.py`;",
              "3. check: `python -m blink_edu.labs check N` runs the lab's tests "
              "(`tests/labs/test_labN.py`), explains what fails and prints your score.", "",
