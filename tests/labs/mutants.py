@@ -1,0 +1,285 @@
+"""Known-wrong answers to every lab task (instructors only; not in the student handout).
+
+Each ``Mutant`` is the reference solution of its lab with ONE function replaced by a plausible
+mistake — the answers a student is likely to hand in. ``test_lab_mutants.py`` runs the lab's own
+grading (``python -m blink_edu.labs check``'s ``run_check``) against each, and every one must fail
+its task: a mutant that scores is a hole in the lab's tests.
+"""
+
+from __future__ import annotations
+
+import importlib
+import math
+from dataclasses import dataclass
+from types import ModuleType
+
+from numba import float32
+
+from blink_edu import labs
+from blink_edu.kernels.reduce import cuda
+from blink_edu.kernels.sync import store_release
+from blink_edu.ring.layout import (DECODE_COMPLETED, DECODE_PROCESSING, FINISH_LENGTH,
+                                   PREFILL_PROCESSING)
+from blink_edu.sched.policies import Decision
+from blink_edu.sched.vlt import ROTARY, RUNNING, WAITING
+
+
+@dataclass(frozen=True)
+class Mutant:
+    task: str  # "N.k": the task whose tests must fail
+    mistake: str  # what is wrong, in words
+    replaces: dict  # function name -> the wrong version
+
+    @property
+    def lab(self) -> int:
+        return int(self.task.split(".")[0])
+
+    def module(self) -> ModuleType:
+        """The lab's reference solution with the wrong functions in place."""
+        module = ModuleType(f"mutant_{self.task.replace('.', '_')}")
+        module.__dict__.update({k: v for k, v in vars(_solution(self.lab)).items()
+                                if not k.startswith("__")})
+        module.__dict__.update(self.replaces)
+        return module
+
+
+def _solution(lab: int) -> ModuleType:
+    """The reference solution of ``lab``, whatever the switch or a substitution says."""
+    return importlib.import_module(f"blink_edu.labs.solutions.{labs.LABS[lab].module}")
+
+
+# --- Lab 1 ----------------------------------------------------------------------------------------
+@cuda.jit(device=True)
+def inv_rms_sum_not_mean(x, row, eps):
+    total = float32(0)
+    for col in range(x.shape[1]):
+        total += x[row, col] * x[row, col]
+    return float32(1) / math.sqrt(total + eps)  # the sum of squares, not their mean
+
+
+def _gemv(use_bias: bool, row_of_x: bool):
+    inv_rms = _solution(1).inv_rms
+
+    @cuda.jit
+    def kernel(x, x_rows, norm_w, eps, w, bias, out, accumulate):
+        item = cuda.grid(1)
+        n_out, n_in = w.shape
+        if item >= x_rows.shape[0] * n_out:
+            return
+        r, o = item // n_out, item % n_out
+        src = x_rows[r] if row_of_x else r
+        acc = float32(0)
+        for col in range(n_in):
+            weight = float32(w[o, col])
+            if norm_w.shape[0] > 0:
+                weight *= norm_w[col]
+            acc += x[src, col] * weight
+        if norm_w.shape[0] > 0:
+            acc *= inv_rms(x, src, eps)
+        if use_bias and bias.shape[0] > 0:
+            acc += bias[o]
+        if accumulate:
+            acc += out[r, o]
+        out[r, o] = acc
+
+    return kernel
+
+
+def _attention(kv_head_modulo: bool, block_table: bool):
+    @cuda.jit
+    def kernel(qkv, positions, seq_rows, block_tables, kv_pool, layer, num_heads, num_kv_heads,
+               out):
+        item = cuda.grid(1)
+        if item >= qkv.shape[0] * num_heads:
+            return
+        tok, head = item // num_heads, item % num_heads
+        size, dim = kv_pool.shape[3], kv_pool.shape[5]
+        kvh = head % num_kv_heads if kv_head_modulo else head // (num_heads // num_kv_heads)
+        seq, n_ctx, q0 = seq_rows[tok], positions[tok] + 1, head * dim
+        scale = float32(1) / math.sqrt(float32(dim))
+        best = float32(-math.inf)
+        for c in range(n_ctx):
+            blk = block_tables[seq, c // size] if block_table else c // size
+            dot = float32(0)
+            for e in range(dim):
+                dot += qkv[tok, q0 + e] * kv_pool[blk, layer, 0, c % size, kvh, e]
+            best = max(best, dot * scale)
+        for e in range(dim):
+            out[tok, q0 + e] = float32(0)
+        denom = float32(0)
+        for c in range(n_ctx):
+            blk = block_tables[seq, c // size] if block_table else c // size
+            dot = float32(0)
+            for e in range(dim):
+                dot += qkv[tok, q0 + e] * kv_pool[blk, layer, 0, c % size, kvh, e]
+            p = math.exp(dot * scale - best)
+            denom += p
+            for e in range(dim):
+                out[tok, q0 + e] += p * kv_pool[blk, layer, 1, c % size, kvh, e]
+        for e in range(dim):
+            out[tok, q0 + e] /= denom
+
+    return kernel
+
+
+# --- Lab 2 ----------------------------------------------------------------------------------------
+def slot_cas_without_the_state_machine(ring, slot, expected, new):
+    with ring.lock():
+        if int(ring.state[slot]) != expected:
+            return False
+        ring.state[slot] = new
+    return True
+
+
+@cuda.jit(device=True)
+def claim_any_slot(state, slot):
+    seen = cuda.atomic.cas(state, slot, state[slot], PREFILL_PROCESSING)  # whatever it held
+    return seen != PREFILL_PROCESSING
+
+
+@cuda.jit(device=True)
+def publish_without_the_finish_reason(state, output_tokens, generated, finish_reason, slot,
+                                      token, last):
+    count = generated[slot]
+    output_tokens[slot, count] = token
+    store_release(generated, slot, count + 1)
+    if count == 0:
+        store_release(state, slot, DECODE_PROCESSING)
+    if last:
+        store_release(state, slot, DECODE_COMPLETED)
+
+
+@cuda.jit(device=True)
+def publish_counter_before_token(state, output_tokens, generated, finish_reason, slot, token,
+                                 last):
+    count = generated[slot]
+    store_release(generated, slot, count + 1)  # a reader may see the count before the token
+    output_tokens[slot, count] = token
+    if count == 0:
+        store_release(state, slot, DECODE_PROCESSING)
+    if last:
+        store_release(finish_reason, slot, FINISH_LENGTH)
+        store_release(state, slot, DECODE_COMPLETED)
+
+
+# --- Lab 3 ----------------------------------------------------------------------------------------
+def decodes_including_prefills(ctx, budget):
+    for seq in list(ctx.running):  # no is_decoding check: prefilling sequences get 1 token
+        if budget == 0:
+            break
+        while not ctx.fits(seq, 1):
+            if ctx.preempt_newest() is seq:
+                return budget
+        ctx.run(seq, 1)
+        budget -= 1
+    return budget
+
+
+def chunk_ignoring_memory(ctx, seq, budget):
+    return min(seq.num_uncached_tokens, budget)
+
+
+def prompts_admitting_after_a_preemption(ctx, budget, admit_new):
+    _solution(3).schedule_prompts(ctx, budget, True)  # admit_new ignored
+
+
+# --- Lab 4 ----------------------------------------------------------------------------------------
+def mark_the_tail_too(states, table, old_tokens, new_tokens, block_size):
+    filled = [table[i] for i in range(old_tokens // block_size,
+                                      min(-(-new_tokens // block_size), len(table)))]
+    for blk in filled:
+        states[blk] = _solution(4).SYNCED
+    return filled
+
+
+def written_but_still_mirrored(mirrored, pending_out, old_tokens, new_tokens, block_size):
+    for i in range(old_tokens // block_size, new_tokens // block_size):
+        pending_out.add(i)  # the host copies of the touched blocks are stale, yet kept
+
+
+def rotate_out_everything(num_blocks, mirrored):
+    return list(range(num_blocks))
+
+
+def plan_without_merging(gpu_blocks, host_blocks):
+    return sorted((h, [g]) for g, h in zip(gpu_blocks, host_blocks))
+
+
+# --- Lab 5 ----------------------------------------------------------------------------------------
+def vlt_without_alpha(request, now, config):
+    if request.state == ROTARY:
+        last = request.arrival_time if math.isnan(request.last_token_time) else \
+            request.last_token_time
+        return max(0.0, now - last - config.beta_b * config.tbt_slo_s)
+    return _solution(5).vlt(request, now, config)
+
+
+def rank_smallest_first(view, config):
+    vlt = _solution(5).vlt
+    return sorted(view.requests, key=lambda r: vlt(r, view.now, config))  # the minus forgotten
+
+
+def decide_skipping_what_does_not_fit(view, config):
+    """Like the solution, but a candidate that does not fit is skipped, not the end."""
+    solution = _solution(5)
+    running = [r for r in view.requests if r.state == RUNNING]
+    others = [r for r in view.requests if r.state != RUNNING]
+    growth = sum(r.blocks_to_run for r in running)
+    if (sum(r.blocks_to_run for r in others) + growth <= view.free_blocks
+            and len(others) <= view.max_num_seqs - len(running)):
+        return Decision(admit=[r.request_id for r in others], fcfs_fallback=True)
+    ranking = solution.rank_by_vlt(view, config)
+    room = min(view.free_blocks + config.transfer_budget_blocks - growth,
+               view.free_blocks - growth + sum(r.blocks_held + r.blocks_to_run for r in running))
+    chosen = []
+    for r in ranking:
+        if r.state in (WAITING, ROTARY) and r.blocks_to_run <= room:
+            chosen.append(r)
+            room -= r.blocks_to_run
+    short = sum(r.blocks_to_run for r in chosen) + growth - view.free_blocks
+    victims = []
+    for r in reversed(ranking):
+        if r.state != RUNNING:
+            continue
+        if short <= 0 and len(running) - len(victims) + len(chosen) <= view.max_num_seqs:
+            break
+        victims.append(r)
+        short -= r.blocks_held + r.blocks_to_run
+    while chosen and len(running) - len(victims) + len(chosen) > view.max_num_seqs:
+        chosen.pop()
+    return Decision(admit=[r.request_id for r in chosen],
+                    preempt_rotary=[r.request_id for r in victims],
+                    vlt={r.request_id: solution.vlt(r, view.now, config) for r in view.requests})
+
+
+MUTANTS = [
+    Mutant("1.1", "the sum of squares instead of their mean", {"inv_rms": inv_rms_sum_not_mean}),
+    Mutant("1.2", "no bias", {"rmsnorm_gemv_kernel": _gemv(use_bias=False, row_of_x=True)}),
+    Mutant("1.2", "row r of x instead of row x_rows[r]",
+           {"rmsnorm_gemv_kernel": _gemv(use_bias=True, row_of_x=False)}),
+    Mutant("1.3", "kv head h % K (grouped-query attention maps h // (H // K))",
+           {"paged_attention_kernel": _attention(kv_head_modulo=True, block_table=True)}),
+    Mutant("1.3", "block c // B of the pool, not of the block table",
+           {"paged_attention_kernel": _attention(kv_head_modulo=False, block_table=False)}),
+    Mutant("2.1", "any move allowed, not only the state machine's",
+           {"slot_cas": slot_cas_without_the_state_machine}),
+    Mutant("2.2", "claims a slot whatever its state", {"claim_slot": claim_any_slot}),
+    Mutant("2.3", "no finish reason on the last token",
+           {"publish_token": publish_without_the_finish_reason}),
+    Mutant("2.3", "the counter before the token", {"publish_token": publish_counter_before_token}),
+    Mutant("3.1", "prefilling sequences decoded too",
+           {"schedule_decodes": decodes_including_prefills}),
+    Mutant("3.2", "the chunk ignores the KV pool", {"prompt_chunk": chunk_ignoring_memory}),
+    Mutant("3.3", "new prompts admitted in a step that preempted (admit_new ignored)",
+           {"schedule_prompts": prompts_admitting_after_a_preemption}),
+    Mutant("4.1", "the partly filled tail marked SYNCED", {"mark_written": mark_the_tail_too}),
+    Mutant("4.2", "written blocks keep their (stale) host copies",
+           {"on_written": written_but_still_mirrored}),
+    Mutant("4.3", "a rotate-out moves every block", {"blocks_to_rotate_out": rotate_out_everything}),
+    Mutant("4.4", "one copy per block, runs never merged",
+           {"plan_batched_copy": plan_without_merging}),
+    Mutant("5.1", "a rotary request's lag without alpha", {"vlt": vlt_without_alpha}),
+    Mutant("5.2", "the smallest VLT first", {"rank_by_vlt": rank_smallest_first}),
+    Mutant("5.3", "a candidate that does not fit is skipped, and smaller ones behind it admitted",
+           {"lvf_decide": decide_skipping_what_does_not_fit}),
+]
