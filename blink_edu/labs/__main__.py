@@ -56,7 +56,8 @@ def main(argv=None) -> int:
         checked = "the reference solutions" if args.solutions or solutions_enabled() else "your code"
         print(f"(checking {checked})")
         explain(report)
-        return 0 if len(report.passing_tasks()) == len(LABS[args.lab].tasks) else 1
+        wanted = [args.task] if args.task else list(LABS[args.lab].tasks)
+        return 0 if report.passing_tasks() == wanted else 1
     if args.command == "handout":
         from .handout import build_handout
 

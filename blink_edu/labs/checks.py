@@ -79,3 +79,26 @@ def check_tokens(got: list[list[int]], want: list[list[int]], what: str) -> None
                   if at < min(len(g), len(w)) else f"{len(g)} token(s), the reference {len(w)}")
         raise LabCheckFailed(f"{what}: request {i} differs from the NumPy reference at "
                              f"{detail} (got {g}, expected {w})")
+
+
+def check_equal(got, want, what: str) -> None:
+    """Fail unless ``got == want`` (arrays: element for element), saying both."""
+    if isinstance(got, np.ndarray) or isinstance(want, np.ndarray):
+        same = np.shape(got) == np.shape(want) and bool(np.all(np.asarray(got) == want))
+    else:
+        same = got == want
+    if not same:
+        raise LabCheckFailed(f"{what}: got {_show(got)}, expected {_show(want)}")
+
+
+def check_number(got: float, want: float, what: str, rtol: float = 1e-9) -> None:
+    """Fail unless the number ``got`` is within ``rtol`` (relative; absolute near 0) of ``want``."""
+    if not abs(got - want) <= rtol * max(abs(want), 1.0):
+        raise LabCheckFailed(f"{what}: got {got:.6g}, expected {want:.6g} (tolerance {rtol:g})")
+
+
+def _show(value) -> str:
+    if isinstance(value, np.ndarray):
+        value = value.tolist()
+    text = repr(value)
+    return text if len(text) <= 200 else text[:197] + "..."

@@ -182,12 +182,15 @@ class Report:
     results: list = field(default_factory=list)
     collect_errors: list = field(default_factory=list)  # the test file itself did not load
     module_error: str = ""  # the student's file does not import (nothing could run)
+    task: str | None = None  # only this task was checked
 
     def tasks(self) -> dict[str, list[TestResult]]:
+        """{task: its tests that ran} (every task of the lab; an unchecked one has none)."""
         out = {task: [] for task in LABS[self.lab].tasks}
         for r in self.results:
             for t in r.tasks:
-                out.setdefault(t, []).append(r)
+                if self.task in (None, t):
+                    out.setdefault(t, []).append(r)
         return out
 
     def passing_tasks(self) -> list[str]:
@@ -195,20 +198,51 @@ class Report:
 
 
 _EXCEPTION_PREFIX = re.compile(r"^(?:[\w.]+\.)?(?:AssertionError|LabCheckFailed|LabRuleBroken): ")
-_EXAMPLE = re.compile(r"^Falsifying example: .*?^\)$", re.S | re.M)
+# Hypothesis's note naming the inputs that failed (its wording differs between versions)
+_EXAMPLE = re.compile(r"^(?:Falsifying example|Failing test case): .*?^\)$", re.S | re.M)
+_ARGUMENT = re.compile(r"^    (\w+)=")
+
+
+def compact_example(example: str, max_lines: int = 3) -> str:
+    """Hypothesis's example with every argument longer than ``max_lines`` lines (a fixture such
+    as a model's weights) shortened to ``name=...``."""
+    blocks: list[list[str]] = []
+    for line in example.splitlines():
+        if _ARGUMENT.match(line) or not blocks or not line.startswith("     "):
+            blocks.append([line])
+        else:
+            blocks[-1].append(line)
+    out = []
+    for block in blocks:
+        found = _ARGUMENT.match(block[0])
+        out += [f"    {found.group(1)}=...,"] if found and len(block) > max_lines else block
+    return "\n".join(out)
+
+
+def split_example(crash_message: str) -> tuple[str, str]:
+    """(the failure, Hypothesis's "Falsifying example: ..." note or "")."""
+    found = _EXAMPLE.search(crash_message)
+    if not found:
+        return crash_message, ""
+    return (crash_message[:found.start()] + crash_message[found.end():],
+            compact_example(found.group(0)))
 
 
 def failure_message(crash_message: str) -> str:
     """The failed check in words: the assertion's own message without the exception's name, or
     (a bare ``assert``) the condition that did not hold — never pytest's introspection lines."""
+    crash_message, _ = split_example(crash_message)
     lines = [line.rstrip() for line in crash_message.strip().splitlines() if line.strip()]
     if not lines:
         return ""
     first = _EXCEPTION_PREFIX.sub("", lines[0])
     if first.startswith("assert "):  # a bare assert: no message of its own
         return f"this check did not hold: {first}"
-    kept = [first] + [line for line in lines[1:] if not line.lstrip().startswith(
-        ("assert ", "+", "where ", "At index", "Full diff", "Use -v", "-", "?"))]
+    kept = [first]
+    for line in lines[1:]:
+        if line.lstrip().startswith(("assert ", "Explanation:", "Draw ")):  # pytest's, Hypothesis's
+            break
+        kept.append(line.strip())
     return " ".join(kept)
 
 
@@ -259,9 +293,7 @@ class _Collector:
             found = re.search(r"NotImplementedError: (Lab \d+\.\d+[^\n]*)", text)
             if found:
                 r.not_implemented = found.group(1)
-            example = _EXAMPLE.search(text)
-            if example:
-                r.example = example.group(0)
+            r.example = split_example(crashed)[1] or split_example(text)[1]
         elif report.skipped and report.when in ("setup", "call"):
             r.outcome = "skipped"
 
@@ -326,7 +358,7 @@ def run_check(lab: int, solutions: bool | None = None, verbose: bool = False,
     with _choosing(solutions):
         error = module_error(lab)
         if error:
-            return Report(lab, module_error=error)
+            return Report(lab, module_error=error, task=task)
         path = find_tests(lab)
         args = [str(path), "-p", "no:cacheprovider", "-o", "console_output_style=classic"]
         args += ["-q", "--tb=short"] + (["-x"] if exitfirst else [])
@@ -339,7 +371,7 @@ def run_check(lab: int, solutions: bool | None = None, verbose: bool = False,
     if verbose:
         print(output.getvalue())
     ran = [r for r in collector.by_id.values() if r.outcome != "not run"]
-    return Report(lab, ran, collector.collect_errors)
+    return Report(lab, ran, collector.collect_errors, task=task)
 
 
 @contextlib.contextmanager
@@ -393,7 +425,7 @@ def explain(report: Report, out=None) -> None:
                   f"{r.not_implemented.split(' is still')[0]}\n")
                 continue
             if r.message:
-                w(textwrap.fill(r.message[:600], 92, initial_indent="           what: ",
+                w(textwrap.fill(r.message[:1200], 92, initial_indent="           what: ",
                                 subsequent_indent="                 ") + "\n")
             if r.example:
                 w(textwrap.indent(r.example, "           | ") + "\n")
@@ -401,7 +433,8 @@ def explain(report: Report, out=None) -> None:
             if hint:
                 w(textwrap.fill(hint, 92, initial_indent="           hint: ",
                                 subsequent_indent="                 ") + "\n")
-    n_tasks, passing = len(lab.tasks), len(report.passing_tasks())
+    n_tasks = 1 if report.task else len(lab.tasks)
+    passing = len(report.passing_tasks())
     tests_ok = sum(r.outcome == "passed" for r in report.results)
     w(f"\nScore: {passing}/{n_tasks} tasks passing ({tests_ok}/{len(report.results)} tests)\n")
     if passing < n_tasks and not report.module_error:

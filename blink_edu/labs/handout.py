@@ -25,7 +25,8 @@ from . import LABS
 REPO = Path(__file__).resolve().parents[2]
 SOLUTIONS_DIR = Path("blink_edu/labs/solutions")
 INSTRUCTOR_FILES = {Path("tests/labs/test_labs_meta.py"), Path("tests/labs/test_labs_tooling.py"),
-                    Path("tests/labs/test_handout.py")}
+                    Path("tests/labs/test_handout.py"), Path("tests/labs/test_lab_mutants.py"),
+                    Path("tests/labs/mutants.py")}
 SKIP_PARTS = {".git", ".venv", "__pycache__", ".pytest_cache", ".hypothesis", "build",
               ".ipynb_checkpoints", "_build", "jupyter_execute"}
 INSTRUCTOR_TAG = "instructor"
@@ -85,9 +86,21 @@ def guide() -> str:
     return "\n".join(lines)
 
 
+def is_source_checkout(repo: Path) -> bool:
+    """Whether ``repo`` is the repository (its tests, notebooks and solutions), not the folder
+    an installed package sits in (site-packages)."""
+    return all((repo / rel).exists() for rel in (Path("pyproject.toml"), Path("tests/labs"),
+                                                 Path("notebooks/labs"), SOLUTIONS_DIR))
+
+
 def build_handout(out_dir, repo: Path = REPO, force: bool = False) -> str:
-    """Write the handout into ``out_dir``; returns a one-paragraph summary. Raises if the scan
-    finds solution code in it."""
+    """Write the handout into ``out_dir``; returns a one-paragraph summary. Raises if ``repo``
+    is not a source checkout, or if the scan finds solution code in the handout."""
+    if not is_source_checkout(repo):
+        raise ValueError(f"the handout is built from a clone of the blink_edu repository, and "
+                         f"this blink_edu is installed in {repo}, which is not one (no "
+                         f"pyproject.toml, tests/labs/, notebooks/labs/ and solutions there): "
+                         f"clone the repository, `pip install -e .` in it and run this there")
     out = Path(out_dir).resolve()
     # Checked before anything is removed: --force must never delete the repository or a file.
     if (out.is_relative_to(repo) and not out.is_relative_to(repo / "notebooks/labs/handout")
