@@ -26,7 +26,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from ..backend import get_backend
+from ..backend import get_backend, warn_if_simulated
 from ..config import PERSISTENT_EXECUTORS, EngineConfig, SamplingParams
 from ..kv.rotation import make_rotation_engine
 from ..model.weights import ModelWeights, load_weights
@@ -82,6 +82,7 @@ def make_executor(name: str, weights: ModelWeights, engine_config: EngineConfig)
     if name in ("eager", "graph"):
         from .kernel_executor import EagerExecutor, GraphExecutor
 
+        warn_if_simulated(name, weights.config.num_parameters())
         cls = EagerExecutor if name == "eager" else GraphExecutor
         return cls(weights, engine_config, weight_dtype=kernel_weight_dtype(weights, engine_config))
     if name in PERSISTENT_EXECUTORS:
