@@ -21,14 +21,15 @@ from __future__ import annotations
 
 import ctypes
 import os
+import logging
 import sys
-import warnings
 from dataclasses import dataclass
 from types import ModuleType
 
 import numpy as np
 
 BACKEND_ENV = "BLINK_EDU_BACKEND"
+log = logging.getLogger(__name__)
 _CHOICES = ("auto", "gpu", "sim")
 
 
@@ -160,17 +161,14 @@ SIM_SECONDS_PER_PARAM_TOKEN = 6e-6
 SIM_WARN_SECONDS_PER_TOKEN = 1.0
 
 
-class SimulatorCostWarning(UserWarning):
-    """A kernel executor is about to run a large model in Numba's CUDA simulator."""
-
-
 def simulated_seconds_per_token(num_params: int) -> float:
     """The expected seconds per token of a kernel executor in the simulator (see above)."""
     return SIM_SECONDS_PER_PARAM_TOKEN * num_params
 
 
 def warn_if_simulated(executor: str, num_params: int, reply_tokens: int = 80) -> None:
-    """Warn, before it starts, when the kernel executor ``executor`` is going to run a model of
+    """Warn (on the ``blink_edu.backend`` logger: stderr unless logging is set up otherwise),
+    before it starts, when the kernel executor ``executor`` is going to run a model of
     ``num_params`` parameters in the simulator at more than a second per token — with the
     expected cost and what to run instead. Silent on a GPU and for small models."""
     if not get_backend().is_simulator:
@@ -179,9 +177,9 @@ def warn_if_simulated(executor: str, num_params: int, reply_tokens: int = 80) ->
     if per_token < SIM_WARN_SECONDS_PER_TOKEN:
         return
     reply_min = per_token * reply_tokens / 60
-    warnings.warn(SimulatorCostWarning(
-        f"no GPU here: the {executor} executor will run its CUDA kernels in Numba's CUDA "
-        f"simulator (every CUDA thread a Python thread). For this {num_params / 1e6:.1f} M-"
-        f"parameter model expect about {per_token:.0f} s per token, prompt and output alike "
-        f"(a {reply_tokens}-token reply: ~{reply_min:.0f} min). On a CPU use the NumPy "
-        f"reference instead (--executor reference, or auto)."), stacklevel=3)
+    log.warning(
+        "warning: no GPU here: the %s executor will run its CUDA kernels in Numba's CUDA "
+        "simulator (every CUDA thread a Python thread). For this %.1f M-parameter model expect "
+        "about %.0f s per token, prompt and output alike (a %d-token reply: ~%.0f min). On a CPU "
+        "use the NumPy reference instead (--executor reference, or auto).",
+        executor, num_params / 1e6, per_token, reply_tokens, reply_min)
