@@ -21,7 +21,7 @@ export PIP_DISABLE_PIP_VERSION_CHECK=1
 fresh() {
     local t0=$(date +%s)
     python3 -m venv "$venvs/$1"
-    "$venvs/$1/bin/python" -m pip install -q -e "$2"
+    "$venvs/$1/bin/python" -m pip install -qq -e "$2"
     echo "[documented commands] venv $1 ($2) installed in $(( $(date +%s) - t0 )) s"
 }
 
@@ -35,7 +35,7 @@ done
 
 # --- [labs]: installed on top of the base venv, which is what `pip install -e '.[labs]'` makes
 # of a fresh one (base is a subset of it) ---
-"$venvs/base/bin/python" -m pip install -q -e '.[labs]'
+"$venvs/base/bin/python" -m pip install -qq -e '.[labs]'
 echo "+ jupyter lab --version"
 "$venvs/base/bin/jupyter" lab --version >/dev/null
 echo "+ BLINK_EDU_LAB_SOLUTIONS=1 python -m blink_edu.labs check 4"

@@ -23,14 +23,17 @@ lab    student module             what you write, and where it runs
 
 **The switch.** Everything that runs student code asks :func:`implementation` for the lab's
 module. By default that is the student's; with ``BLINK_EDU_LAB_SOLUTIONS=1`` in the environment
-(or after ``use_solutions()``) it is the instructors' reference solution in
-``blink_edu/labs/solutions/`` — which the student handout does not contain.
+(or after ``use_solutions()``, or with ``check --solutions``) it is the instructors' reference
+solution in ``blink_edu/labs/solutions/`` — which the student handout does not contain. Within
+``with substituted(N, module):`` lab N runs ``module`` instead (the instructors' tests check that
+every task's tests fail known-wrong answers this way).
 
 Commands::
 
     python -m blink_edu.labs list               # the labs and their tasks
     python -m blink_edu.labs check N            # run lab N's tests, explain failures, print a score
-    python -m blink_edu.labs handout OUT_DIR    # (instructors) the student handout, no solutions
+    python -m blink_edu.labs check N --task N.k # only the tests of one task
+    python -m blink_edu.labs handout OUT_DIR    # (instructors, in a clone) the student handout
 """
 
 from __future__ import annotations

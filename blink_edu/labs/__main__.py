@@ -17,7 +17,7 @@ def main(argv=None) -> int:
     sub.add_parser("list", help="the labs and their tasks", formatter_class=defaults)
     check = sub.add_parser("check", help="run lab N's tests, explain failures, print a score",
                            formatter_class=defaults)
-    check.add_argument("lab", type=int, choices=sorted(LABS))
+    check.add_argument("lab", type=int, choices=sorted(LABS), help="the lab's number")
     check.add_argument("-v", "--verbose", action="store_true",
                        help="also show pytest's own output (tracebacks)")
     check.add_argument("-k", dest="keyword", default=None,
@@ -29,7 +29,7 @@ def main(argv=None) -> int:
     handout = sub.add_parser("handout", help="(instructors) write the student handout, without "
                                              "the reference solutions; run it from a clone of "
                                              "the repository", formatter_class=defaults)
-    handout.add_argument("out_dir")
+    handout.add_argument("out_dir", help="the folder to write (outside the repository)")
     handout.add_argument("--force", action="store_true", help="replace OUT_DIR if it exists")
     args = parser.parse_args(argv)
 

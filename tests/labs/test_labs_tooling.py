@@ -156,3 +156,11 @@ def test_the_handout_refuses_an_installed_package(tmp_path):
     with pytest.raises(ValueError, match="not one .*clone the repository"):
         build_handout(out, repo=site)
     assert not out.exists()
+
+
+def test_the_handouts_guide_names_the_light_install_and_jupyter_lab():
+    from blink_edu.labs.handout import guide
+
+    text = guide()
+    assert "pip install -e '.[labs]'" in text and "jupyter lab" in text
+    assert "[dev]" not in text, "[dev] is 1.7 GB with torch and has no jupyter lab"
