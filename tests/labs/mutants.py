@@ -20,8 +20,7 @@ from blink_edu.kernels.reduce import cuda
 from blink_edu.kernels.sync import store_release
 from blink_edu.ring.layout import (DECODE_COMPLETED, DECODE_PROCESSING, FINISH_LENGTH,
                                    PREFILL_PROCESSING)
-from blink_edu.sched.policies import Decision
-from blink_edu.sched.vlt import ROTARY, RUNNING, WAITING
+from blink_edu.sched.vlt import ROTARY
 
 
 @dataclass(frozen=True)
@@ -123,12 +122,8 @@ def _attention(kv_head_modulo: bool, block_table: bool):
 
 
 # --- Lab 2 ----------------------------------------------------------------------------------------
-def slot_cas_without_the_state_machine(ring, slot, expected, new):
-    with ring.lock():
-        if int(ring.state[slot]) != expected:
-            return False
-        ring.state[slot] = new
-    return True
+def slot_cas_returning_nothing_when_it_loses(ring, slot, expected, new):
+    return _solution(2).slot_cas(ring, slot, expected, new) or None  # None, not False
 
 
 @cuda.jit(device=True)
@@ -137,16 +132,16 @@ def claim_any_slot(state, slot):
     return seen != PREFILL_PROCESSING
 
 
-@cuda.jit(device=True)
-def publish_without_the_finish_reason(state, output_tokens, generated, finish_reason, slot,
-                                      token, last):
-    count = generated[slot]
-    output_tokens[slot, count] = token
-    store_release(generated, slot, count + 1)
-    if count == 0:
-        store_release(state, slot, DECODE_PROCESSING)
-    if last:
-        store_release(state, slot, DECODE_COMPLETED)
+def _publish_without_the_finish_reason():
+    publish = _solution(2).publish_token
+
+    @cuda.jit(device=True)
+    def publish_token(state, output_tokens, generated, finish_reason, slot, token, last):
+        publish(state, output_tokens, generated, finish_reason, slot, token, 0)
+        if last:  # completed, but no FINISH_LENGTH written first
+            store_release(state, slot, DECODE_COMPLETED)
+
+    return publish_token
 
 
 @cuda.jit(device=True)
@@ -219,37 +214,9 @@ def rank_smallest_first(view, config):
     return sorted(view.requests, key=lambda r: vlt(r, view.now, config))  # the minus forgotten
 
 
-def decide_skipping_what_does_not_fit(view, config):
-    """Like the solution, but a candidate that does not fit is skipped, not the end."""
-    solution = _solution(5)
-    running = [r for r in view.requests if r.state == RUNNING]
-    others = [r for r in view.requests if r.state != RUNNING]
-    growth = sum(r.blocks_to_run for r in running)
-    if (sum(r.blocks_to_run for r in others) + growth <= view.free_blocks
-            and len(others) <= view.max_num_seqs - len(running)):
-        return Decision(admit=[r.request_id for r in others], fcfs_fallback=True)
-    ranking = solution.rank_by_vlt(view, config)
-    room = min(view.free_blocks + config.transfer_budget_blocks - growth,
-               view.free_blocks - growth + sum(r.blocks_held + r.blocks_to_run for r in running))
-    chosen = []
-    for r in ranking:
-        if r.state in (WAITING, ROTARY) and r.blocks_to_run <= room:
-            chosen.append(r)
-            room -= r.blocks_to_run
-    short = sum(r.blocks_to_run for r in chosen) + growth - view.free_blocks
-    victims = []
-    for r in reversed(ranking):
-        if r.state != RUNNING:
-            continue
-        if short <= 0 and len(running) - len(victims) + len(chosen) <= view.max_num_seqs:
-            break
-        victims.append(r)
-        short -= r.blocks_held + r.blocks_to_run
-    while chosen and len(running) - len(victims) + len(chosen) > view.max_num_seqs:
-        chosen.pop()
-    return Decision(admit=[r.request_id for r in chosen],
-                    preempt_rotary=[r.request_id for r in victims],
-                    vlt={r.request_id: solution.vlt(r, view.now, config) for r in view.requests})
+def decide_without_the_transfer_budget(view, config):
+    """The capacity bounded only by what rotating out could free, not by the link's budget."""
+    return _solution(5).lvf_decide(view, config.replace(transfer_budget_blocks=10**9))
 
 
 MUTANTS = [
@@ -261,11 +228,11 @@ MUTANTS = [
            {"paged_attention_kernel": _attention(kv_head_modulo=True, block_table=True)}),
     Mutant("1.3", "block c // B of the pool, not of the block table",
            {"paged_attention_kernel": _attention(kv_head_modulo=False, block_table=False)}),
-    Mutant("2.1", "any move allowed, not only the state machine's",
-           {"slot_cas": slot_cas_without_the_state_machine}),
+    Mutant("2.1", "None instead of False when the CAS loses",
+           {"slot_cas": slot_cas_returning_nothing_when_it_loses}),
     Mutant("2.2", "claims a slot whatever its state", {"claim_slot": claim_any_slot}),
     Mutant("2.3", "no finish reason on the last token",
-           {"publish_token": publish_without_the_finish_reason}),
+           {"publish_token": _publish_without_the_finish_reason()}),
     Mutant("2.3", "the counter before the token", {"publish_token": publish_counter_before_token}),
     Mutant("3.1", "prefilling sequences decoded too",
            {"schedule_decodes": decodes_including_prefills}),
@@ -280,6 +247,6 @@ MUTANTS = [
            {"plan_batched_copy": plan_without_merging}),
     Mutant("5.1", "a rotary request's lag without alpha", {"vlt": vlt_without_alpha}),
     Mutant("5.2", "the smallest VLT first", {"rank_by_vlt": rank_smallest_first}),
-    Mutant("5.3", "a candidate that does not fit is skipped, and smaller ones behind it admitted",
-           {"lvf_decide": decide_skipping_what_does_not_fit}),
+    Mutant("5.3", "no transfer budget in the capacity",
+           {"lvf_decide": decide_without_the_transfer_budget}),
 ]
