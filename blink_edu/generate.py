@@ -22,10 +22,12 @@ from .model.tokenizer import Tokenizer
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python -m blink_edu.generate", description=__doc__.split("\n\n")[0],
+    p = argparse.ArgumentParser(prog="python -m blink_edu.generate",
+                                description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     p.add_argument("--prompt", default="Once upon a time", help="the text to continue")
-    p.add_argument("--model", default=None, help="a Hugging Face model folder; None means the bundled one")
+    p.add_argument("--model", default=None,
+                   help="a Hugging Face model folder; None means the bundled one")
     p.add_argument("--chat", action="store_true", help="wrap the prompt in the model's chat template")
     p.add_argument("--max-tokens", type=int, default=80, help="most new tokens")
     p.add_argument("--temperature", type=float, default=0.7, help="0 = greedy")

@@ -87,27 +87,26 @@ def code_of(path: Path) -> str:
 
 
 def imported_modules(tree: ast.Module, module: str | None, top_level_only: bool) -> set[str]:
-    """Dotted names imported by ``tree`` (relative imports resolved against ``module``)."""
-    nodes = tree.body if top_level_only else list(ast.walk(tree))
-    if top_level_only:  # statements under a module-level if/try still run at import
-        nodes = [n for stmt in tree.body for n in ast.walk(stmt)
-                 if not isinstance(stmt, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))]
+    """Dotted names imported by ``tree`` (relative imports resolved against ``module``);
+    ``top_level_only``: what runs at import (not inside a function or class body)."""
+    if top_level_only:
+        nodes = [n for stmt in tree.body if not isinstance(
+            stmt, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) for n in ast.walk(stmt)]
+    else:
+        nodes = list(ast.walk(tree))
     names = set()
     for node in nodes:
         if isinstance(node, ast.Import):
             names |= {alias.name for alias in node.names}
         elif isinstance(node, ast.ImportFrom):
+            prefix = node.module or ""
             if node.level:
-                base = module.split(".")[:len(module.split(".")) - node.level + 1]
-                if not (REPO / Path(*module.split("."))).is_dir():  # a module, not a package
-                    base = module.split(".")[:len(module.split(".")) - node.level]
-                prefix = ".".join(base)
-                names.add(f"{prefix}.{node.module}" if node.module else prefix)
-                names |= {f"{prefix}.{node.module}.{a.name}" if node.module else
-                          f"{prefix}.{a.name}" for a in node.names}
-            else:
-                names.add(node.module)
-                names |= {f"{node.module}.{a.name}" for a in node.names}
+                parts = module.split(".")
+                is_package = (REPO / Path(*parts)).is_dir()
+                base = ".".join(parts[:len(parts) - node.level + is_package])
+                prefix = f"{base}.{node.module}" if node.module else base
+            names.add(prefix)
+            names |= {f"{prefix}.{alias.name}" for alias in node.names}
     return names
 
 
@@ -178,7 +177,8 @@ def test_the_walk_follows_blink_edus_own_imports(tmp_path):
     """The reading that catches a chapter importing something through the package."""
     chapter = tmp_path / "probe.ipynb"
     chapter.write_text(json.dumps({"cells": [
-        {"cell_type": "code", "source": ["%matplotlib inline\n", "from blink_edu.serve import app"]},
+        {"cell_type": "code",
+         "source": ["%matplotlib inline\n", "from blink_edu.serve import app"]},
         {"cell_type": "markdown", "source": ["import nothing_here"]}]}))
     found = third_party_imports([chapter])
     assert {"fastapi", "prometheus_client"} <= set(found) and "nothing_here" not in found

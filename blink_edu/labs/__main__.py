@@ -53,8 +53,8 @@ def main(argv=None) -> int:
         except FileNotFoundError as err:
             print(f"error: {err}", file=sys.stderr)
             return 2
-        checked = "the reference solutions" if args.solutions or solutions_enabled() else "your code"
-        print(f"(checking {checked})")
+        solutions = args.solutions or solutions_enabled()
+        print(f"(checking {'the reference solutions' if solutions else 'your code'})")
         explain(report)
         wanted = [args.task] if args.task else list(LABS[args.lab].tasks)
         return 0 if report.passing_tasks() == wanted else 1

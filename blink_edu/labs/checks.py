@@ -47,8 +47,9 @@ def check_close(got, want, tolerance: float, what: str, mistakes: dict | None = 
     if err <= tolerance:
         return
     off = int((~np.isclose(got_a, want_a, rtol=max(tolerance, 1e-6), atol=1e-6)).sum())
+    mistake = _mistake(got_a, mistakes, tolerance)
     raise LabCheckFailed(f"{what}: relative error {err:.3g}, tolerance {tolerance:g} "
-                         f"({off} of {got_a.size} values off){_mistake(got_a, mistakes, tolerance)}")
+                         f"({off} of {got_a.size} values off){mistake}")
 
 
 def check_values(got, want, rtol: float, what: str) -> None:

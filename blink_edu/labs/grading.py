@@ -323,8 +323,8 @@ def module_error(lab: int) -> str:
                 f"Python cannot even read the file, so none of the lab's tests can run: fix "
                 f"this line first.")
     except ImportError as err:
-        return (f"{student_file(lab)} does not import: {type(err).__name__}: {err}{_line_in(err, lab)}"
-                f"\nNone of the lab's tests can run until it imports.")
+        return (f"{student_file(lab)} does not import: {type(err).__name__}: {err}"
+                f"{_line_in(err, lab)}\nNone of the lab's tests can run until it imports.")
     except Exception as err:  # noqa: BLE001 - anything at import time: show it, score 0
         return (f"{student_file(lab)} raises {type(err).__name__} while being imported: "
                 f"{err}{_line_in(err, lab)}\nCode at the top level of the file runs on import: "

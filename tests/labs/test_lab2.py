@@ -126,8 +126,8 @@ def test_the_ring_loop_serves_requests_through_your_cas(rng):
     prompts = [rng.integers(3, 64, size=int(n)).tolist() for n in rng.integers(1, 7, size=5)]
     greedy = SamplingParams(temperature=0, max_tokens=3, ignore_eos=True)
     got, ring = lab2.serve_through_ring_loop(weights, prompts, greedy, timeout_s=60)
-    check_tokens(got, reference.generate(weights, prompts, greedy, block_size=lab2.ENGINE.block_size),
-                 "tokens served through the ring loop with your slot_cas")
+    want = reference.generate(weights, prompts, greedy, block_size=lab2.ENGINE.block_size)
+    check_tokens(got, want, "tokens served through the ring loop with your slot_cas")
     assert (ring.state == EMPTY).all(), "every slot must be EMPTY again after release"
 
 
