@@ -2,8 +2,16 @@
 
 Each test of ``tests/labs/test_labN.py`` carries ``@pytest.mark.task("N.k")`` (one or more). A
 task *passes* when every test marked with it passes. A failure is explained in a student's words:
-a stub still raising ``NotImplementedError`` says which TODO to write; anything else gets the
-hint below for that test, plus the assertion's own message.
+
+* the student's file does not import: the SyntaxError (with its line) or ImportError, named as
+  such, and nothing else runs;
+* a stub still raising ``NotImplementedError``: which TODO to write;
+* anything else: what the check says (``labs/checks.py`` states numbers in words and names a known
+  mistake when the output equals it), Hypothesis's failing example if it found one, and the hint
+  below for that test.
+
+``BLINK_EDU_LAB_SOLUTIONS`` is honoured as it is; ``solutions=True`` (``check --solutions``)
+overrides it for the run.
 """
 
 from __future__ import annotations
