@@ -13,6 +13,7 @@ import math
 from dataclasses import dataclass
 from types import ModuleType
 
+import numpy as np
 from numba import float32
 
 from blink_edu import labs
@@ -56,69 +57,41 @@ def inv_rms_sum_not_mean(x, row, eps):
     return float32(1) / math.sqrt(total + eps)  # the sum of squares, not their mean
 
 
-def _gemv(use_bias: bool, row_of_x: bool):
-    inv_rms = _solution(1).inv_rms
+class Relaunched:
+    """Stands in for a lab kernel: ``kernel[grid, block, stream](*args)`` launches the reference
+    solution's kernel on the inputs a known mistake would use (``wrong_inputs(*args)``) — the
+    mistake without a copy of the kernel."""
 
-    @cuda.jit
-    def kernel(x, x_rows, norm_w, eps, w, bias, out, accumulate):
-        item = cuda.grid(1)
-        n_out, n_in = w.shape
-        if item >= x_rows.shape[0] * n_out:
-            return
-        r, o = item // n_out, item % n_out
-        src = x_rows[r] if row_of_x else r
-        acc = float32(0)
-        for col in range(n_in):
-            weight = float32(w[o, col])
-            if norm_w.shape[0] > 0:
-                weight *= norm_w[col]
-            acc += x[src, col] * weight
-        if norm_w.shape[0] > 0:
-            acc *= inv_rms(x, src, eps)
-        if use_bias and bias.shape[0] > 0:
-            acc += bias[o]
-        if accumulate:
-            acc += out[r, o]
-        out[r, o] = acc
+    def __init__(self, kernel, wrong_inputs):
+        self.kernel, self.wrong_inputs = kernel, wrong_inputs
 
-    return kernel
+    def __getitem__(self, launch):
+        return lambda *args: self.kernel[launch](*self.wrong_inputs(*args))
 
 
-def _attention(kv_head_modulo: bool, block_table: bool):
-    @cuda.jit
-    def kernel(qkv, positions, seq_rows, block_tables, kv_pool, layer, num_heads, num_kv_heads,
-               out):
-        item = cuda.grid(1)
-        if item >= qkv.shape[0] * num_heads:
-            return
-        tok, head = item // num_heads, item % num_heads
-        size, dim = kv_pool.shape[3], kv_pool.shape[5]
-        kvh = head % num_kv_heads if kv_head_modulo else head // (num_heads // num_kv_heads)
-        seq, n_ctx, q0 = seq_rows[tok], positions[tok] + 1, head * dim
-        scale = float32(1) / math.sqrt(float32(dim))
-        best = float32(-math.inf)
-        for c in range(n_ctx):
-            blk = block_tables[seq, c // size] if block_table else c // size
-            dot = float32(0)
-            for e in range(dim):
-                dot += qkv[tok, q0 + e] * kv_pool[blk, layer, 0, c % size, kvh, e]
-            best = max(best, dot * scale)
-        for e in range(dim):
-            out[tok, q0 + e] = float32(0)
-        denom = float32(0)
-        for c in range(n_ctx):
-            blk = block_tables[seq, c // size] if block_table else c // size
-            dot = float32(0)
-            for e in range(dim):
-                dot += qkv[tok, q0 + e] * kv_pool[blk, layer, 0, c % size, kvh, e]
-            p = math.exp(dot * scale - best)
-            denom += p
-            for e in range(dim):
-                out[tok, q0 + e] += p * kv_pool[blk, layer, 1, c % size, kvh, e]
-        for e in range(dim):
-            out[tok, q0 + e] /= denom
+def _gemv_without_bias(x, x_rows, norm_w, eps, w, bias, out, accumulate):
+    return x, x_rows, norm_w, eps, w, cuda.to_device(np.zeros(0, np.float32)), out, accumulate
 
-    return kernel
+
+def _gemv_on_rows_0_to_r(x, x_rows, norm_w, eps, w, bias, out, accumulate):
+    rows = cuda.to_device(np.arange(x_rows.shape[0], dtype=np.int32))  # (R,) 0..R-1
+    return x, rows, norm_w, eps, w, bias, out, accumulate
+
+
+def _attention_kv_head_modulo(qkv, positions, seq_rows, tables, pool, layer, heads, kv_heads,
+                              out):
+    """One kv head per query head, kv head h % K: the solution's h // (H // H) then reads it."""
+    spread = pool.copy_to_host()[..., [h % kv_heads for h in range(heads)], :]  # (N, L, 2, B, H, E)
+    spread = cuda.to_device(np.ascontiguousarray(spread))
+    return qkv, positions, seq_rows, tables, spread, layer, heads, heads, out
+
+
+def _attention_without_block_table(qkv, positions, seq_rows, tables, pool, layer, heads,
+                                   kv_heads, out):
+    """Position c read from pool block c // B, as if every table were 0, 1, 2, ..."""
+    n_seqs, width = tables.shape
+    identity = np.tile(np.arange(width, dtype=np.int32), (n_seqs, 1))  # (S, W)
+    return qkv, positions, seq_rows, cuda.to_device(identity), pool, layer, heads, kv_heads, out
 
 
 # --- Lab 2 ----------------------------------------------------------------------------------------
@@ -221,13 +194,16 @@ def decide_without_the_transfer_budget(view, config):
 
 MUTANTS = [
     Mutant("1.1", "the sum of squares instead of their mean", {"inv_rms": inv_rms_sum_not_mean}),
-    Mutant("1.2", "no bias", {"rmsnorm_gemv_kernel": _gemv(use_bias=False, row_of_x=True)}),
-    Mutant("1.2", "row r of x instead of row x_rows[r]",
-           {"rmsnorm_gemv_kernel": _gemv(use_bias=True, row_of_x=False)}),
+    Mutant("1.2", "no bias", {"rmsnorm_gemv_kernel": Relaunched(
+        _solution(1).rmsnorm_gemv_kernel, _gemv_without_bias)}),
+    Mutant("1.2", "row r of x instead of row x_rows[r]", {"rmsnorm_gemv_kernel": Relaunched(
+        _solution(1).rmsnorm_gemv_kernel, _gemv_on_rows_0_to_r)}),
     Mutant("1.3", "kv head h % K (grouped-query attention maps h // (H // K))",
-           {"paged_attention_kernel": _attention(kv_head_modulo=True, block_table=True)}),
+           {"paged_attention_kernel": Relaunched(_solution(1).paged_attention_kernel,
+                                                 _attention_kv_head_modulo)}),
     Mutant("1.3", "block c // B of the pool, not of the block table",
-           {"paged_attention_kernel": _attention(kv_head_modulo=False, block_table=False)}),
+           {"paged_attention_kernel": Relaunched(_solution(1).paged_attention_kernel,
+                                                 _attention_without_block_table)}),
     Mutant("2.1", "None instead of False when the CAS loses",
            {"slot_cas": slot_cas_returning_nothing_when_it_loses}),
     Mutant("2.2", "claims a slot whatever its state", {"claim_slot": claim_any_slot}),
