@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import ctypes
 import os
+import logging
 import sys
 from dataclasses import dataclass
 from types import ModuleType
@@ -28,6 +29,7 @@ from types import ModuleType
 import numpy as np
 
 BACKEND_ENV = "BLINK_EDU_BACKEND"
+log = logging.getLogger(__name__)
 _CHOICES = ("auto", "gpu", "sim")
 
 
@@ -154,3 +156,37 @@ def describe() -> str:
     """One line for logs and startup banners."""
     b = get_backend()
     return f"backend={b.name} ({b.device_name}), arrays={b.xp.__name__}"
+
+
+# --- what the simulator costs ---------------------------------------------------------------------
+# Numba's CUDA simulator runs every CUDA thread as a Python thread, so a kernel executor there
+# costs about this much per model parameter and per token it processes (prompt or output).
+# Measured: `python -m blink_edu.generate --executor eager --max-tokens 5` on the bundled model
+# (7.3 M parameters, a 6-token prompt: 10 tokens through the model) took 440 s on 2 CPU cores.
+SIM_SECONDS_PER_PARAM_TOKEN = 6e-6
+# Warn (once, up front) when a kernel executor will take longer than this per token.
+SIM_WARN_SECONDS_PER_TOKEN = 1.0
+
+
+def simulated_seconds_per_token(num_params: int) -> float:
+    """The expected seconds per token of a kernel executor in the simulator (see above)."""
+    return SIM_SECONDS_PER_PARAM_TOKEN * num_params
+
+
+def warn_if_simulated(executor: str, num_params: int, reply_tokens: int = 80) -> None:
+    """Warn (on the ``blink_edu.backend`` logger: stderr unless logging is set up otherwise),
+    before it starts, when the kernel executor ``executor`` is going to run a model of
+    ``num_params`` parameters in the simulator at more than a second per token — with the
+    expected cost and what to run instead. Silent on a GPU and for small models."""
+    if not get_backend().is_simulator:
+        return
+    per_token = simulated_seconds_per_token(num_params)
+    if per_token < SIM_WARN_SECONDS_PER_TOKEN:
+        return
+    reply_min = per_token * reply_tokens / 60
+    log.warning(
+        "warning: no GPU here: the %s executor will run its CUDA kernels in Numba's CUDA "
+        "simulator (every CUDA thread a Python thread). For this %.1f M-parameter model expect "
+        "about %.0f s per token, prompt and output alike (a %d-token reply: ~%.0f min). On a CPU "
+        "use the NumPy reference instead (--executor reference, or auto).",
+        executor, num_params / 1e6, per_token, reply_tokens, reply_min)

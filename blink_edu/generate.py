@@ -22,18 +22,38 @@ from .model.tokenizer import Tokenizer, stop_ids
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python -m blink_edu.generate", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m blink_edu.generate",
+                                description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     p.add_argument("--prompt", default="Once upon a time", help="the text to continue")
-    p.add_argument("--model", default=None, help="a Hugging Face model folder (default: the bundled model)")
+    p.add_argument("--model", default=None,
+                   help="a Hugging Face model folder; None means the bundled one")
     p.add_argument("--chat", action="store_true", help="wrap the prompt in the model's chat template")
-    p.add_argument("--max-tokens", type=int, default=80)
+    p.add_argument("--max-tokens", type=int, default=80, help="most new tokens")
     p.add_argument("--temperature", type=float, default=0.7, help="0 = greedy")
-    p.add_argument("--top-p", type=float, default=0.95)
-    p.add_argument("--top-k", type=int, default=0)
-    p.add_argument("--seed", type=int, default=None)
-    p.add_argument("--executor", choices=EXECUTORS, default="auto")
+    p.add_argument("--top-p", type=float, default=0.95, help="nucleus sampling: 1 = off")
+    p.add_argument("--top-k", type=int, default=0, help="sample among the k likeliest: 0 = off")
+    p.add_argument("--seed", type=int, default=None, help="sampling seed; None draws a fresh one")
+    p.add_argument("--executor", choices=EXECUTORS, default="auto",
+                   help="who runs each step (auto: the CUDA-graph executor on a GPU, the NumPy "
+                        "reference on a CPU; a kernel executor on a CPU runs in the slow "
+                        "simulator)")
     p.add_argument("--quiet", action="store_true", help="no statistics line on stderr")
     return p.parse_args(argv)
+
+
+def timing_line(count: int, total_s: float, first_s: float) -> str:
+    """"N tokens in T s; first token F ms, then R tokens/s" — R with three significant digits,
+    as seconds per token when slower than one a second, and left out with fewer than 2 tokens."""
+    line = f"{count} tokens in {total_s:.2f} s; first token {1e3 * first_s:.0f} ms"
+    if count < 2:
+        return line
+    per_token = (total_s - first_s) / (count - 1)
+    if per_token <= 0:
+        return line
+    if per_token > 1:
+        return f"{line}, then {per_token:.3g} s per token"
+    return f"{line}, then {1 / per_token:.3g} tokens/s"
 
 
 def main(argv=None) -> int:
@@ -66,10 +86,8 @@ def main(argv=None) -> int:
     if not args.quiet:
         total = time.perf_counter() - start
         first = first or start
-        decode = (total - (first - start)) / max(count - 1, 1)
-        print(f"[{count} tokens in {total:.2f} s; first token {1e3 * (first - start):.0f} ms, "
-              f"then {1 / decode:.0f} tokens/s; executor={engine.executor.name}, {describe()}]",
-              file=sys.stderr)
+        print(f"[{timing_line(count, total, first - start)}; executor={engine.executor.name}, "
+              f"{describe()}]", file=sys.stderr)
     return 0
 
 

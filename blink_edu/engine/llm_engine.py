@@ -26,6 +26,7 @@ from typing import NamedTuple
 
 import numpy as np
 
+from ..backend import warn_if_simulated
 from ..config import PERSISTENT_EXECUTORS, EngineConfig, SamplingParams, resolve_executor
 from ..kv.rotation import make_rotation_engine
 from ..model.sampling import TokenLogprobs, token_logprobs
@@ -64,6 +65,7 @@ def make_executor(name: str, weights: ModelWeights, engine_config: EngineConfig)
     if name in ("eager", "graph"):
         from .kernel_executor import EagerExecutor, GraphExecutor
 
+        warn_if_simulated(name, weights.config.num_parameters())
         cls = EagerExecutor if name == "eager" else GraphExecutor
         return cls(weights, engine_config, weight_dtype=kernel_weight_dtype(weights, engine_config))
     if name in PERSISTENT_EXECUTORS:
@@ -98,10 +100,13 @@ class EngineStats:
 class LLMEngine:
     def __init__(self, weights_or_folder: ModelWeights | str | Path,
                  engine_config: EngineConfig | None = None, executor: Executor | None = None,
-                 eos_token_ids: tuple[int, ...] | None = None):
+                 eos_token_ids: tuple[int, ...] | None = None, scheduler: Scheduler | None = None):
         """``executor``: an already built executor (same num_kv_blocks and block_size as the
         config) instead of ``make_executor(engine_config.executor, ...)``. ``eos_token_ids``:
-        the ids that end a request unless it sets ``ignore_eos``; default: the model config's."""
+        the ids that end a request unless it sets ``ignore_eos``; default: the model config's.
+        ``scheduler``: an already built ``Scheduler`` of the same config (a subclass with its own
+        ``schedule``, say) instead of a new one; with ``preemption="rotate"`` it gets the
+        engine's rotation engine unless one is attached to it already."""
         self.weights = (weights_or_folder if isinstance(weights_or_folder, ModelWeights)
                         else load_weights(weights_or_folder))
         model = self.weights.config
@@ -110,9 +115,10 @@ class LLMEngine:
         self.executor = (executor if executor is not None
                          else make_executor(self.config.executor, self.weights, self.config))
         eos = model.eos_token_ids if eos_token_ids is None else eos_token_ids
-        self.scheduler = Scheduler(self.config, self.max_model_len, eos,
-                                   policy=make_scheduling_policy(self.config.policy))
-        if self.config.preemption == "rotate":
+        self.scheduler = (scheduler if scheduler is not None else
+                          Scheduler(self.config, self.max_model_len, eos,
+                                    policy=make_scheduling_policy(self.config.policy)))
+        if self.config.preemption == "rotate" and self.scheduler.rotation is None:
             self.scheduler.attach_rotation(self.make_rotation_engine())
         self.requests: dict[object, Sequence] = {}  # unfinished requests by request id
         self._next_seq_id = itertools.count()

@@ -62,12 +62,16 @@ from .step import StepBatch, pack_step
 
 
 class Scheduler:
-    def __init__(self, config: EngineConfig, max_model_len: int, eos_token_ids=(), policy=None):
+    def __init__(self, config: EngineConfig, max_model_len: int, eos_token_ids=(), policy=None,
+                 block_manager: BlockManager | None = None):
+        """``block_manager``: an already built one (of ``config``'s blocks and block size)
+        instead of a new ``BlockManager``."""
         self.max_num_seqs = config.max_num_seqs
         self.max_num_batched_tokens = config.max_num_batched_tokens
         self.max_model_len = max_model_len
         self.eos_token_ids = frozenset(eos_token_ids)
-        self.block_manager = BlockManager(config.num_kv_blocks, config.block_size)
+        self.block_manager = (block_manager if block_manager is not None
+                              else BlockManager(config.num_kv_blocks, config.block_size))
         self.waiting: deque[Sequence] = deque()  # FCFS queue; preempted sequences go to the front
         self.running: list[Sequence] = []  # in order of admission: the last is preempted first
         self.rotated: deque[Sequence] = deque()  # rotated out to host memory, oldest first

@@ -23,14 +23,17 @@ lab    student module             what you write, and where it runs
 
 **The switch.** Everything that runs student code asks :func:`implementation` for the lab's
 module. By default that is the student's; with ``BLINK_EDU_LAB_SOLUTIONS=1`` in the environment
-(or after ``use_solutions()``) it is the instructors' reference solution in
-``blink_edu/labs/solutions/`` — which the student handout does not contain.
+(or after ``use_solutions()``, or with ``check --solutions``) it is the instructors' reference
+solution in ``blink_edu/labs/solutions/`` — which the student handout does not contain. Within
+``with substituted(N, module):`` lab N runs ``module`` instead (the instructors' tests check that
+every task's tests fail known-wrong answers this way).
 
 Commands::
 
     python -m blink_edu.labs list               # the labs and their tasks
     python -m blink_edu.labs check N            # run lab N's tests, explain failures, print a score
-    python -m blink_edu.labs handout OUT_DIR    # (instructors) the student handout, no solutions
+    python -m blink_edu.labs check N --task N.k # only the tests of one task
+    python -m blink_edu.labs handout OUT_DIR    # (instructors, in a clone) the student handout
 """
 
 from __future__ import annotations
@@ -38,6 +41,7 @@ from __future__ import annotations
 import importlib
 import importlib.util
 import os
+from contextlib import contextmanager
 from dataclasses import dataclass
 from types import ModuleType
 
@@ -86,13 +90,16 @@ LABS: dict[int, Lab] = {
 }
 
 _override: bool | None = None
+_substitutes: dict[int, ModuleType] = {}  # lab -> a module checked in place of the student's
 
 
-def use_solutions(enabled: bool | None = True) -> None:
+def use_solutions(enabled: bool | None = True) -> bool | None:
     """Use the reference solutions (True), the student's code (False), or whatever the
-    environment says (None) — for this process, whatever ``BLINK_EDU_LAB_SOLUTIONS`` is."""
+    environment says (None) — for this process, whatever ``BLINK_EDU_LAB_SOLUTIONS`` is.
+    Returns the choice it replaces."""
     global _override
-    _override = enabled
+    before, _override = _override, enabled
+    return before
 
 
 def solutions_enabled() -> bool:
@@ -107,9 +114,28 @@ def solutions_available() -> bool:
     return importlib.util.find_spec(f"{__name__}.solutions") is not None
 
 
+@contextmanager
+def substituted(lab: int, module: ModuleType):
+    """Within the block, lab ``lab`` runs ``module`` (any module with the lab's functions: a
+    known-wrong variant, a student's copy) instead of the student's code or the solutions."""
+    if lab not in LABS:
+        raise ValueError(f"there is no lab {lab}; labs: {', '.join(map(str, LABS))}")
+    before = _substitutes.get(lab)
+    _substitutes[lab] = module
+    try:
+        yield module
+    finally:
+        if before is None:
+            del _substitutes[lab]
+        else:
+            _substitutes[lab] = before
+
+
 def implementation(lab: int) -> ModuleType:
     """The module whose functions lab ``lab`` runs: the student's, or the reference solution
-    (see the module docstring)."""
+    (see the module docstring), or what :func:`substituted` put in their place."""
+    if lab in _substitutes:
+        return _substitutes[lab]
     module = LABS[lab].module
     if solutions_enabled():
         if not solutions_available():
@@ -117,6 +143,11 @@ def implementation(lab: int) -> ModuleType:
                                f"(a student handout) has none: unset {ENV_VAR} to run your code")
         return importlib.import_module(f"{__name__}.solutions.{module}")
     return importlib.import_module(f"{__name__}.{module}")
+
+
+def student_file(lab: int) -> str:
+    """Where the student writes lab ``lab``: ``blink_edu/labs/labN_*.py``."""
+    return f"blink_edu/labs/{LABS[lab].module}.py"
 
 
 def which() -> str:
@@ -138,4 +169,4 @@ def require(function, task: str) -> None:
 
 
 __all__ = ["LABS", "Lab", "ENV_VAR", "use_solutions", "solutions_enabled", "solutions_available",
-           "implementation", "which", "require"]
+           "implementation", "substituted", "which", "require", "student_file"]

@@ -5,25 +5,31 @@ from __future__ import annotations
 import argparse
 import sys
 
-from . import LABS, solutions_available
+from . import ENV_VAR, LABS, solutions_available, solutions_enabled
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m blink_edu.labs",
+    defaults = argparse.ArgumentDefaultsHelpFormatter
+    parser = argparse.ArgumentParser(prog="python -m blink_edu.labs", formatter_class=defaults,
                                      description="The course labs: check your work, list tasks, "
                                                  "build the student handout.")
     sub = parser.add_subparsers(dest="command", required=True)
-    sub.add_parser("list", help="the labs and their tasks")
-    check = sub.add_parser("check", help="run lab N's tests, explain failures, print a score")
-    check.add_argument("lab", type=int, choices=sorted(LABS))
+    sub.add_parser("list", help="the labs and their tasks", formatter_class=defaults)
+    check = sub.add_parser("check", help="run lab N's tests, explain failures, print a score",
+                           formatter_class=defaults)
+    check.add_argument("lab", type=int, choices=sorted(LABS), help="the lab's number")
     check.add_argument("-v", "--verbose", action="store_true",
                        help="also show pytest's own output (tracebacks)")
-    check.add_argument("-k", dest="keyword", help="only the tests matching this pytest -k expression")
+    check.add_argument("-k", dest="keyword", default=None,
+                       help="only the tests matching this pytest -k expression")
+    check.add_argument("--task", default=None, help="only the tests of this task, e.g. 1.3")
     check.add_argument("--solutions", action="store_true",
-                       help="(instructors) check the reference solutions instead of your code")
+                       help=f"(instructors) check the reference solutions instead of your code; "
+                            f"{ENV_VAR}=1 in the environment does the same")
     handout = sub.add_parser("handout", help="(instructors) write the student handout, without "
-                                             "the reference solutions")
-    handout.add_argument("out_dir")
+                                             "the reference solutions; run it from a clone of "
+                                             "the repository", formatter_class=defaults)
+    handout.add_argument("out_dir", help="the folder to write (outside the repository)")
     handout.add_argument("--force", action="store_true", help="replace OUT_DIR if it exists")
     args = parser.parse_args(argv)
 
@@ -37,13 +43,21 @@ def main(argv=None) -> int:
     if args.command == "check":
         from .grading import explain, run_check
 
-        if args.solutions and not solutions_available():
-            print("this copy has no reference solutions (it is a student handout)", file=sys.stderr)
+        if (args.solutions or solutions_enabled()) and not solutions_available():
+            print("this copy has no reference solutions (it is a student handout): drop "
+                  f"--solutions and unset {ENV_VAR} to check your code", file=sys.stderr)
             return 2
-        report = run_check(args.lab, solutions=args.solutions, verbose=args.verbose,
-                           keyword=args.keyword)
+        try:
+            report = run_check(args.lab, solutions=True if args.solutions else None,
+                               verbose=args.verbose, keyword=args.keyword, task=args.task)
+        except FileNotFoundError as err:
+            print(f"error: {err}", file=sys.stderr)
+            return 2
+        solutions = args.solutions or solutions_enabled()
+        print(f"(checking {'the reference solutions' if solutions else 'your code'})")
         explain(report)
-        return 0 if len(report.passing_tasks()) == len(LABS[args.lab].tasks) else 1
+        wanted = [args.task] if args.task else list(LABS[args.lab].tasks)
+        return 0 if report.passing_tasks() == wanted else 1
     if args.command == "handout":
         from .handout import build_handout
 

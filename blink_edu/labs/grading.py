@@ -2,22 +2,29 @@
 
 Each test of ``tests/labs/test_labN.py`` carries ``@pytest.mark.task("N.k")`` (one or more). A
 task *passes* when every test marked with it passes. A failure is explained in a student's words:
-a stub still raising ``NotImplementedError`` says which TODO to write; anything else gets the
-hint below for that test, plus the assertion's own message.
+
+* the student's file does not import: the SyntaxError (with its line) or ImportError, named as
+  such, and nothing else runs;
+* a stub still raising ``NotImplementedError``: which TODO to write;
+* anything else: what the check says (``labs/checks.py`` states numbers in words and names a known
+  mistake when the output equals it), Hypothesis's failing example if it found one, and the hint
+  below for that test.
+
+``BLINK_EDU_LAB_SOLUTIONS`` is honoured as it is; ``solutions=True`` (``check --solutions``)
+overrides it for the run.
 """
 
 from __future__ import annotations
 
 import contextlib
 import io
-import os
 import re
 import sys
 import textwrap
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from . import ENV_VAR, LABS
+from . import LABS, implementation, student_file, use_solutions
 
 # test function name -> what to look at when it fails
 HINTS: dict[str, str] = {
@@ -36,7 +43,8 @@ HINTS: dict[str, str] = {
         "the row. Add bias[o] when bias.shape[0] > 0, and with accumulate=1 add what out[r, o] "
         "held before (the residual) instead of overwriting it.",
     "test_gemv_reads_float16_weights":
-        "Read each weight as float32(w[o, i]) and accumulate in float32.",
+        "The same plain GEMV with float16 weights: read each weight as float32(w[o, i]) and "
+        "accumulate in float32.",
     "test_paged_attention_over_a_ragged_batch":
         "Each token attends to positions 0..positions[t] of ITS sequence (row seq_rows[t]); the "
         "key of position c is in block block_tables[row, c // B], slot c % B. Query head h uses "
@@ -108,8 +116,8 @@ HINTS: dict[str, str] = {
         "LLMEngine runs your three functions every step; read the LabRuleBroken message if there "
         "is one, and make the unit tests of 3.1-3.3 pass first.",
     "test_engine_on_random_workloads_gives_the_reference_tokens":
-        "Hypothesis found a workload (printed above: prompt lengths, budget, blocks, seats) where "
-        "the engine goes wrong with your scheduler. Replay it by hand in the notebook.",
+        "Hypothesis found a workload (prompt lengths, budget, blocks, seats) where the engine goes "
+        "wrong with your scheduler. Replay it by hand in the notebook.",
     # lab 4
     "test_blocks_become_synced_when_they_fill":
         "The full blocks are logical blocks old_tokens // B up to (not including) new_tokens // B; "
@@ -140,7 +148,8 @@ HINTS: dict[str, str] = {
         "ROTARY: alpha * max(0, now - last_token_time - beta_b * tbt_slo), with the arrival time "
         "when last_token_time is NaN.",
     "test_vlt_equals_the_projects_formula":
-        "Hypothesis found a request where your VLT differs from the formula (printed above).",
+        "Hypothesis found requests where your VLT differs from the formula: work the example out "
+        "by hand, state by state.",
     "test_rank_largest_lag_first_ties_in_fcfs_order":
         "sorted(view.requests, key=lambda r: -vlt(r, view.now, config)) keeps ties in order.",
     "test_enough_memory_means_plain_fcfs":
@@ -150,9 +159,9 @@ HINTS: dict[str, str] = {
         "Admit from the head of the ranking while capacity lasts; preempt running requests from "
         "the tail until the deficit is <= 0. Put the VLTs in Decision.vlt.",
     "test_decisions_equal_the_projects_lvf_on_random_steps":
-        "Hypothesis found a step (printed above) where your decision differs: check the capacity "
-        "(min of the two bounds), the stop at the first candidate that does not fit, and the seats "
-        "rule at the end.",
+        "Hypothesis found a step where your decision differs: check the capacity (min of the two "
+        "bounds), the stop at the first candidate that does not fit, and the seats rule at the "
+        "end.",
     "test_your_policy_drives_the_simulator_like_the_projects_lvf":
         "In the simulator your policy made a different decision at some step; the unit tests of "
         "5.1-5.3 are the quickest way to find out why.",
@@ -164,8 +173,10 @@ class TestResult:
     nodeid: str
     tasks: tuple
     outcome: str = "not run"  # passed | failed | error | skipped | not run (deselected)
-    message: str = ""
+    message: str = ""  # what failed, in words (the check's own message)
     not_implemented: str = ""  # "Lab N.k: ..." when a stub raised
+    example: str = ""  # Hypothesis's falsifying example, when it found one
+    kind: str = ""  # the exception's class name: AssertionError, LabCheckFailed, TypeError, ...
 
     @property
     def function(self) -> str:
@@ -176,23 +187,87 @@ class TestResult:
 class Report:
     lab: int
     results: list = field(default_factory=list)
-    collect_errors: list = field(default_factory=list)  # e.g. a syntax error in your module
+    collect_errors: list = field(default_factory=list)  # the test file itself did not load
+    module_error: str = ""  # the student's file does not import (nothing could run)
+    task: str | None = None  # only this task was checked
 
     def tasks(self) -> dict[str, list[TestResult]]:
+        """{task: its tests that ran} (every task of the lab; an unchecked one has none)."""
         out = {task: [] for task in LABS[self.lab].tasks}
         for r in self.results:
             for t in r.tasks:
-                out.setdefault(t, []).append(r)
+                if self.task in (None, t):
+                    out.setdefault(t, []).append(r)
         return out
 
     def passing_tasks(self) -> list[str]:
         return [t for t, rs in self.tasks().items() if rs and all(r.outcome == "passed" for r in rs)]
 
 
-class _Collector:
-    """A pytest plugin that keeps each test's tasks and outcome."""
+_EXCEPTION_PREFIX = re.compile(r"^(?:[\w.]+\.)?(?:AssertionError|LabCheckFailed|LabRuleBroken): ")
+# Hypothesis's note naming the inputs that failed (its wording differs between versions)
+_EXAMPLE = re.compile(r"^(?:Falsifying example|Failing test case): .*?^\)$", re.S | re.M)
+_ARGUMENT = re.compile(r"^    (\w+)=")
 
-    def __init__(self):
+
+def compact_example(example: str, max_lines: int = 3) -> str:
+    """Hypothesis's example with every argument longer than ``max_lines`` lines (a fixture such
+    as a model's weights) shortened to ``name=...``."""
+    blocks: list[list[str]] = []
+    for line in example.splitlines():
+        if _ARGUMENT.match(line) or not blocks or not line.startswith("     "):
+            blocks.append([line])
+        else:
+            blocks[-1].append(line)
+    out = []
+    for block in blocks:
+        found = _ARGUMENT.match(block[0])
+        out += [f"    {found.group(1)}=...,"] if found and len(block) > max_lines else block
+    return "\n".join(out)
+
+
+def split_example(crash_message: str) -> tuple[str, str]:
+    """(the failure, Hypothesis's "Falsifying example: ..." note or "")."""
+    found = _EXAMPLE.search(crash_message)
+    if not found:
+        return crash_message, ""
+    return (crash_message[:found.start()] + crash_message[found.end():],
+            compact_example(found.group(0)))
+
+
+def failure_message(crash_message: str) -> str:
+    """The failed check in words: the assertion's own message without the exception's name, or
+    (a bare ``assert``) the condition that did not hold — never pytest's introspection lines."""
+    crash_message, _ = split_example(crash_message)
+    lines = [line.rstrip() for line in crash_message.strip().splitlines() if line.strip()]
+    if not lines:
+        return ""
+    first = _EXCEPTION_PREFIX.sub("", lines[0])
+    if first.startswith("assert "):  # a bare assert: no message of its own
+        return f"this check did not hold: {first}"
+    kept = [first]
+    for line in lines[1:]:
+        if line.lstrip().startswith(("assert ", "Explanation:", "Draw ")):  # pytest's, Hypothesis's
+            break
+        kept.append(line.strip())
+    return " ".join(kept)
+
+
+def exception_kind(crash_message: str) -> str:
+    """The class name of the exception a failure reports ("AssertionError" for a bare assert)."""
+    first = crash_message.strip().split("\n", 1)[0]
+    if first.startswith("assert "):
+        return "AssertionError"
+    found = re.match(r"^([\w.]+): ", first) or re.match(r"^([\w.]+)$", first)
+    return found.group(1).rsplit(".", 1)[-1] if found else ""
+
+
+class _Collector:
+    """A pytest plugin that keeps each test's tasks and outcome (only ``task``'s tests when one
+    is given)."""
+
+    def __init__(self, task: str | None = None):
+        self.task = task
         self.by_id: dict[str, TestResult] = {}
         self.collect_errors: list[str] = []
 
@@ -200,10 +275,15 @@ class _Collector:
         if report.failed:
             self.collect_errors.append(str(report.longrepr))
 
-    def pytest_collection_modifyitems(self, items):
+    def pytest_collection_modifyitems(self, config, items):
+        keep, drop = [], []
         for item in items:
-            tasks = tuple(m.args[0] for m in item.iter_markers("task"))
-            self.by_id[item.nodeid] = TestResult(item.nodeid, tuple(sorted(set(tasks))))
+            tasks = tuple(sorted({m.args[0] for m in item.iter_markers("task")}))
+            (keep if self.task is None or self.task in tasks else drop).append(item)
+            self.by_id[item.nodeid] = TestResult(item.nodeid, tasks)
+        if drop:
+            config.hook.pytest_deselected(items=drop)
+            items[:] = keep
 
     def pytest_runtest_logreport(self, report):
         r = self.by_id.get(report.nodeid)
@@ -213,11 +293,14 @@ class _Collector:
             r.outcome = "passed"
         elif report.failed:
             r.outcome = "failed" if report.when == "call" else "error"
+            text = str(report.longrepr)
             crash = getattr(report.longrepr, "reprcrash", None)
-            r.message = crash.message if crash is not None else str(report.longrepr)[-400:]
-            found = re.search(r"NotImplementedError: (Lab \d+\.\d+[^\n]*)", str(report.longrepr))
+            crashed = crash.message if crash is not None else text[-400:]
+            r.message, r.kind = failure_message(crashed), exception_kind(crashed)
+            found = re.search(r"NotImplementedError: (Lab \d+\.\d+[^\n]*)", text)
             if found:
                 r.not_implemented = found.group(1)
+            r.example = split_example(crashed)[1] or split_example(text)[1]
         elif report.skipped and report.when in ("setup", "call"):
             r.outcome = "skipped"
 
@@ -230,54 +313,114 @@ def find_tests(lab: int) -> Path:
         if (folder / name).is_file():
             return folder / name
     raise FileNotFoundError(f"no {name} here or above {here}: run this from your copy of the "
-                            f"repository")
+                            f"repository (the labs' tests live there, not in the installed "
+                            f"package)")
 
 
-def run_check(lab: int, solutions: bool = False, verbose: bool = False,
-              keyword: str | None = None) -> Report:
+def module_error(lab: int) -> str:
+    """"" if lab ``lab``'s module imports; else what is wrong with it, named as such (a
+    SyntaxError with its line, an ImportError, anything raised while importing)."""
+    try:
+        implementation(lab)
+    except SyntaxError as err:
+        where = Path(err.filename or student_file(lab)).name
+        text = (err.text or "").rstrip("\n")
+        caret = " " * max((err.offset or 1) - 1 - (len(text) - len(text.lstrip())), 0) + "^"
+        shown = f"\n    {text.strip()}\n    {caret}" if text.strip() else ""
+        return (f"{where} has a {type(err).__name__} on line {err.lineno}: {err.msg}{shown}\n"
+                f"Python cannot even read the file, so none of the lab's tests can run: fix "
+                f"this line first.")
+    except ImportError as err:
+        return (f"{student_file(lab)} does not import: {type(err).__name__}: {err}"
+                f"{_line_in(err, lab)}\nNone of the lab's tests can run until it imports.")
+    except Exception as err:  # noqa: BLE001 - anything at import time: show it, score 0
+        return (f"{student_file(lab)} raises {type(err).__name__} while being imported: "
+                f"{err}{_line_in(err, lab)}\nCode at the top level of the file runs on import: "
+                f"keep your code inside the functions.")
+    return ""
+
+
+def _line_in(err: BaseException, lab: int) -> str:
+    """" (line N)" of the innermost frame in the lab's module, if any."""
+    import traceback
+
+    name = f"{LABS[lab].module}.py"
+    frames = [f for f in traceback.extract_tb(err.__traceback__) if f.filename.endswith(name)]
+    return f" (line {frames[-1].lineno}: {frames[-1].line})" if frames else ""
+
+
+def run_check(lab: int, solutions: bool | None = None, verbose: bool = False,
+              keyword: str | None = None, task: str | None = None,
+              exitfirst: bool = False) -> Report:
+    """Run lab ``lab``'s tests in this process and collect what passed. ``solutions``: True or
+    False to check the reference solutions or the student's code; None (default) leaves the
+    choice to ``BLINK_EDU_LAB_SOLUTIONS`` (and :func:`blink_edu.labs.substituted`). ``task``:
+    only the tests of that task; ``exitfirst``: stop at the first failure."""
     import pytest
 
     if lab not in LABS:
         raise SystemExit(f"there is no lab {lab}; labs: {', '.join(map(str, LABS))}")
-    os.environ[ENV_VAR] = "1" if solutions else "0"
-    path = find_tests(lab)
-    args = [str(path), "-p", "no:cacheprovider", "-o", "console_output_style=classic"]
-    args += ["-q", "--tb=short"]
-    if keyword:
-        args += ["-k", keyword]
-    collector = _Collector()
-    output = io.StringIO()
-    with contextlib.redirect_stdout(output):  # pytest's own report: shown with --verbose
-        pytest.main(args, plugins=[collector])
+    if task is not None and task not in LABS[lab].tasks:
+        raise SystemExit(f"lab {lab} has no task {task}; its tasks: {', '.join(LABS[lab].tasks)}")
+    with _choosing(solutions):
+        error = module_error(lab)
+        if error:
+            return Report(lab, module_error=error, task=task)
+        path = find_tests(lab)
+        args = [str(path), "-p", "no:cacheprovider", "-o", "console_output_style=classic"]
+        args += ["-q", "--tb=short"] + (["-x"] if exitfirst else [])
+        if keyword:
+            args += ["-k", keyword]
+        collector = _Collector(task)
+        output = io.StringIO()
+        with contextlib.redirect_stdout(output):  # pytest's own report: shown with --verbose
+            pytest.main(args, plugins=[collector])
     if verbose:
         print(output.getvalue())
     ran = [r for r in collector.by_id.values() if r.outcome != "not run"]
-    return Report(lab, ran, collector.collect_errors)
+    return Report(lab, ran, collector.collect_errors, task=task)
+
+
+@contextlib.contextmanager
+def _choosing(solutions: bool | None):
+    """``use_solutions(solutions)`` for the block, then whatever was chosen before."""
+    if solutions is None:
+        yield
+        return
+    before = use_solutions(solutions)
+    try:
+        yield
+    finally:
+        use_solutions(before)
 
 
 def explain(report: Report, out=None) -> None:
     lab = LABS[report.lab]
     w = (out or sys.stdout).write
     w(f"\nLab {lab.number}: {lab.title}\n")
+    if report.module_error:
+        w("\n" + textwrap.indent(report.module_error, "  ") + "\n")
     for error in report.collect_errors:
-        w("\n  The tests could not even be loaded — most likely your module does not import "
-          "(a syntax error?):\n")
+        w("\n  The lab's test file could not be loaded:\n")
         w(textwrap.indent(error.strip()[-1500:], "    ") + "\n")
     tasks = report.tasks()
     for task, description in lab.tasks.items():
         results = tasks.get(task, [])
         ok = results and all(r.outcome == "passed" for r in results)
         passed = sum(r.outcome == "passed" for r in results)
+        if not results and not report.module_error:
+            w(f"\n  [----] Task {task} — not checked this time\n")
+            continue
         mark = "PASS" if ok else "FAIL"
         w(f"\n  [{mark}] Task {task} — {description}  ({passed}/{len(results)} tests)\n")
-        if ok:
+        if ok or not results:
             continue
         own = [r.not_implemented for r in results
                if r.not_implemented.startswith(f"Lab {task}:")]
         stub = own[0] if own else ""
         if stub and all(r.outcome != "passed" for r in results):
             w(f"         Not written yet: {stub.split(' is still')[0]}. Open "
-              f"blink_edu/labs/{lab.module}.py, find '# TODO: Lab {task}', replace the "
+              f"{student_file(lab.number)}, find '# TODO: Lab {task}', replace the "
               f"`raise NotImplementedError` with your code.\n")
             continue
         for r in results:
@@ -288,16 +431,18 @@ def explain(report: Report, out=None) -> None:
                 w(f"           needs another task first: "
                   f"{r.not_implemented.split(' is still')[0]}\n")
                 continue
+            if r.message:
+                w(textwrap.fill(r.message[:1200], 92, initial_indent="           what: ",
+                                subsequent_indent="                 ") + "\n")
+            if r.example:
+                w(textwrap.indent(r.example, "           | ") + "\n")
             hint = HINTS.get(r.function)
             if hint:
                 w(textwrap.fill(hint, 92, initial_indent="           hint: ",
                                 subsequent_indent="                 ") + "\n")
-            if r.message:
-                lines = [line.strip() for line in r.message.strip().splitlines() if line.strip()]
-                first = " ".join(lines[:2])[:300]
-                w(f"           error: {first}\n")
-    n_tasks, passing = len(lab.tasks), len(report.passing_tasks())
+    n_tasks = 1 if report.task else len(lab.tasks)
+    passing = len(report.passing_tasks())
     tests_ok = sum(r.outcome == "passed" for r in report.results)
     w(f"\nScore: {passing}/{n_tasks} tasks passing ({tests_ok}/{len(report.results)} tests)\n")
-    if passing < n_tasks:
+    if passing < n_tasks and not report.module_error:
         w(f"Details: python -m blink_edu.labs check {lab.number} --verbose\n")

@@ -25,11 +25,13 @@ from . import LABS
 REPO = Path(__file__).resolve().parents[2]
 SOLUTIONS_DIR = Path("blink_edu/labs/solutions")
 INSTRUCTOR_FILES = {Path("tests/labs/test_labs_meta.py"), Path("tests/labs/test_labs_tooling.py"),
-                    Path("tests/labs/test_handout.py")}
+                    Path("tests/labs/test_handout.py"), Path("tests/labs/test_lab_mutants.py"),
+                    Path("tests/labs/mutants.py")}
 SKIP_PARTS = {".git", ".venv", "__pycache__", ".pytest_cache", ".hypothesis", "build",
               ".ipynb_checkpoints", "_build", "jupyter_execute"}
 INSTRUCTOR_TAG = "instructor"
 FIRST_TODO_TAG = "first-todo"  # the first cell that calls student code (it fails until done)
+INSTALL_LABS = "python3 -m venv .venv && . .venv/bin/activate && pip install -e '.[labs]'"
 TEXT_SUFFIXES = {".py", ".ipynb", ".md", ".txt", ".toml", ".cfg", ".json", ".rst", ".sh", ".yml",
                  ".yaml", ".cu"}
 
@@ -66,10 +68,11 @@ def student_notebook(nb: dict) -> dict:
 
 def guide() -> str:
     lines = ["# Course labs", "",
-             "Set up as the README says (`python3 -m venv .venv && . .venv/bin/activate && "
-             "pip install -e '.[dev]'`), then for each lab:", "",
-             "1. open its notebook in `notebooks/labs/` (`jupyter lab`): it explains the task and "
-             "stops at the first cell that needs your code;",
+             "Set up once (a light install: no torch):", "",
+             "```bash", INSTALL_LABS, "```", "",
+             "then for each lab:", "",
+             "1. open its notebook in `notebooks/labs/` (`jupyter lab notebooks/labs/`): it "
+             "explains the task and stops at the first cell that needs your code;",
              "2. write the functions marked `# TODO: Lab N.k` in `blink_edu/labs/labN_*.py`;",
              "3. check: `python -m blink_edu.labs check N` runs the lab's tests "
              "(`tests/labs/test_labN.py`), explains what fails and prints your score.", "",
@@ -83,9 +86,21 @@ def guide() -> str:
     return "\n".join(lines)
 
 
+def is_source_checkout(repo: Path) -> bool:
+    """Whether ``repo`` is the repository (its tests, notebooks and solutions), not the folder
+    an installed package sits in (site-packages)."""
+    return all((repo / rel).exists() for rel in (Path("pyproject.toml"), Path("tests/labs"),
+                                                 Path("notebooks/labs"), SOLUTIONS_DIR))
+
+
 def build_handout(out_dir, repo: Path = REPO, force: bool = False) -> str:
-    """Write the handout into ``out_dir``; returns a one-paragraph summary. Raises if the scan
-    finds solution code in it."""
+    """Write the handout into ``out_dir``; returns a one-paragraph summary. Raises if ``repo``
+    is not a source checkout, or if the scan finds solution code in the handout."""
+    if not is_source_checkout(repo):
+        raise ValueError(f"the handout is built from a clone of the blink_edu repository, and "
+                         f"this blink_edu is installed in {repo}, which is not one (no "
+                         f"pyproject.toml, tests/labs/, notebooks/labs/ and solutions there): "
+                         f"clone the repository, `pip install -e .` in it and run this there")
     out = Path(out_dir).resolve()
     # Checked before anything is removed: --force must never delete the repository or a file.
     if (out.is_relative_to(repo) and not out.is_relative_to(repo / "notebooks/labs/handout")

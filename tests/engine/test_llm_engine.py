@@ -279,3 +279,26 @@ def test_random_arrivals_and_budgets_give_the_reference_tokens(
     assert_pool_whole(engine)
     want = reference.generate(traffic_weights, [p for _, p, *_ in requests], params)
     assert [tokens[i] for i in range(len(requests))] == want
+
+
+def test_a_scheduler_with_its_own_block_manager_is_handed_in_whole(weights):
+    """The labs' extension points: ``LLMEngine(scheduler=)`` and ``Scheduler(block_manager=)``
+    are used as given, and a rotating engine attaches its rotation to them."""
+    from blink_edu.engine.scheduler import Scheduler
+    from blink_edu.kv.block_manager import BlockManager
+
+    config = EngineConfig(executor="reference", preemption="rotate", block_size=4,
+                          num_kv_blocks=6, max_model_len=32)
+    blocks = BlockManager(config.num_kv_blocks, config.block_size)
+    scheduler = Scheduler(config, 32, (), block_manager=blocks)
+    engine = LLMEngine(weights, config, scheduler=scheduler)
+    assert engine.scheduler is scheduler and scheduler.block_manager is blocks
+    assert scheduler.rotation is not None and scheduler.rotation.blocks is blocks
+    prompts = [[5, 6, 7, 8, 9], [10, 11, 12], [13, 14, 15, 16]]
+    ids = [engine.add_request(p, GREEDY) for p in prompts]
+    out = {i: [] for i in ids}
+    while engine.has_unfinished():
+        for o in engine.step():
+            out[o.request_id].append(o.token_id)
+    assert [out[i] for i in ids] == reference.generate(weights, prompts, GREEDY, block_size=4)
+    assert scheduler.num_rotations > 0, "six 4-token blocks for three requests: it must rotate"

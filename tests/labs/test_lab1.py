@@ -1,5 +1,11 @@
 """Lab 1 — kernels. Each kernel against the NumPy reference on fresh random inputs, then inside
-the eager executor generating real tokens (``python -m blink_edu.labs check 1``)."""
+the eager executor generating real tokens (``python -m blink_edu.labs check 1``).
+
+The shapes are chosen so that plausible wrong kernels fail: rows that are not 0..R-1, query heads
+over kv heads at 4/2 and 8/4 (where ``h % K`` and ``h // (H // K)`` disagree), block tables out of
+order, garbage after each token's position. A failure names the mistake when the output equals
+what that mistake would produce.
+"""
 
 from __future__ import annotations
 
@@ -8,14 +14,11 @@ import pytest
 
 from blink_edu.config import SamplingParams
 from blink_edu.kernels.reduce import cuda
+from blink_edu.labs.checks import check_close, check_tokens, check_values
 from blink_edu.labs.plug import lab1
 from blink_edu.model import reference as ref
 
 pytestmark = pytest.mark.lab1
-
-
-def rel_err(a, b) -> float:
-    return float(np.linalg.norm(np.asarray(a, np.float64) - b) / np.linalg.norm(b))
 
 
 def dev(a):
@@ -29,7 +32,7 @@ def test_inv_rms_matches_the_reference(rng):
     eps = float(rng.choice([1e-5, 1e-6]))
     got = lab1.inv_rms_rows(x, eps)
     expected = 1.0 / np.sqrt(np.mean(x.astype(np.float64) ** 2, axis=1) + eps)
-    np.testing.assert_allclose(got, expected, rtol=1e-5)
+    check_values(got, expected, 1e-5, "inv_rms of each row")
 
 
 @pytest.mark.task("1.1")
@@ -37,41 +40,59 @@ def test_inv_rms_of_a_zero_row_is_one_over_sqrt_eps():
     x = np.zeros((2, 8), np.float32)
     x[1] = 3.0  # mean of squares 9 -> 1/3
     got = lab1.inv_rms_rows(x, 1e-4)
-    np.testing.assert_allclose(got, [1 / np.sqrt(1e-4), 1 / np.sqrt(9 + 1e-4)], rtol=1e-5)
+    check_values(got, [1 / np.sqrt(1e-4), 1 / np.sqrt(9 + 1e-4)], 1e-5,
+                 "inv_rms of a zero row and of a row of 3s (eps=1e-4)")
 
 
 def gemv_case(rng, rows, wdtype, fused):
+    """Runs the lab's GEMV on random inputs; returns (got, expected, {mistake: its output})."""
     T, I, O = rows + 2, int(rng.integers(20, 45)), int(rng.integers(10, 30))
     x = rng.standard_normal((T, I)).astype(np.float32)
     x_rows = rng.choice(T, rows, replace=False).astype(np.int32)
+    x_rows[0] = T - 1  # never just 0..R-1: reading row r instead of x_rows[r] must show
     w = rng.standard_normal((O, I)).astype(wdtype)
+    w32 = w.astype(np.float32)
     g = ((1 + 0.2 * rng.standard_normal(I)).astype(np.float32) if fused
          else np.zeros(0, np.float32))
     b = rng.standard_normal(O).astype(np.float32) if fused else np.zeros(0, np.float32)
     residual = rng.standard_normal((rows, O)).astype(np.float32)
-    h = ref.rms_norm(x[x_rows], g, 1e-5) if fused else x[x_rows]
-    expected = ref.linear(h, w.astype(np.float32), b if fused else None) + (residual if fused else 0)
+
+    def result(rows_of_x, norm=True, bias=True, add_residual=True, scale=True):
+        h = x[rows_of_x]
+        if fused and norm:
+            h = ref.rms_norm(h, g, 1e-5) if scale else h * g
+        out = ref.linear(h, w32, b if fused and bias else None)
+        return out + residual if fused and add_residual else out
+
+    expected = result(x_rows)
+    mistakes = {"reading row r of x instead of row x_rows[r]": result(np.arange(rows))}
+    if fused:
+        mistakes.update({"without the bias": result(x_rows, bias=False),
+                         "without the residual (accumulate=1 must add onto out)":
+                             result(x_rows, add_residual=False),
+                         "without the RMSNorm": result(x_rows, norm=False),
+                         "with norm_w but without the inv_rms scale": result(x_rows, scale=False)})
     out = dev(residual if fused else np.full((rows, O), np.nan, np.float32))
     lab1.launch_gemv(dev(x), dev(x_rows), dev(g), np.float32(1e-5), dev(w), dev(b), out, int(fused))
-    return out.copy_to_host(), expected
+    return out.copy_to_host(), expected, mistakes
 
 
 @pytest.mark.task("1.2")
 def test_gemv_plain_matches_the_reference(rng):
-    got, expected = gemv_case(rng, rows=3, wdtype=np.float32, fused=False)
-    assert rel_err(got, expected) < 1e-5
+    got, expected, mistakes = gemv_case(rng, rows=3, wdtype=np.float32, fused=False)
+    check_close(got, expected, 1e-5, "out (no norm, no bias)", mistakes)
 
 
 @pytest.mark.task("1.2")
 def test_gemv_with_norm_bias_and_residual_matches_the_reference(rng):
-    got, expected = gemv_case(rng, rows=2, wdtype=np.float32, fused=True)
-    assert rel_err(got, expected) < 1e-5
+    got, expected, mistakes = gemv_case(rng, rows=2, wdtype=np.float32, fused=True)
+    check_close(got, expected, 1e-5, "out (RMSNorm, bias, accumulate=1)", mistakes)
 
 
 @pytest.mark.task("1.2")
 def test_gemv_reads_float16_weights(rng):
-    got, expected = gemv_case(rng, rows=2, wdtype=np.float16, fused=True)
-    assert rel_err(got, expected) < 1e-3
+    got, expected, mistakes = gemv_case(rng, rows=2, wdtype=np.float16, fused=False)
+    check_close(got, expected, 1e-3, "out with float16 weights (no norm, no bias)", mistakes)
 
 
 def ragged_batch(rng, n_seqs, block_size, num_blocks, max_len):
@@ -92,9 +113,24 @@ def ragged_batch(rng, n_seqs, block_size, num_blocks, max_len):
     return np.array(positions, np.int32), np.array(rows, np.int32), tables
 
 
+def attention_mistakes(q, positions, seq_rows, pool, layer, tables) -> dict:
+    """What two plausible wrong kernels compute: the wrong GQA mapping, and no causal mask."""
+    H, K = q.shape[1], pool.shape[4]
+    modulo = pool[..., [h % K for h in range(H)], :]  # kv head h % K, one per query head
+    T = len(positions)
+    last = np.array([positions[seq_rows == seq_rows[t]].max() for t in range(T)], np.int32)
+    return {
+        "of kv head h % K for query head h (GQA maps h to kv head h // (H // K))":
+            ref.paged_attention(q, positions, seq_rows, modulo, layer, tables).reshape(T, -1),
+        "of attending to every new token of the sequence (no causal mask)":
+            ref.paged_attention(q, last, seq_rows, pool, layer, tables).reshape(T, -1),
+    }
+
+
 @pytest.mark.task("1.3")
-@pytest.mark.parametrize("heads,kv_heads", [(2, 2), (4, 1)])
+@pytest.mark.parametrize("heads,kv_heads", [(2, 2), (4, 1), (4, 2), (8, 4)])
 def test_paged_attention_over_a_ragged_batch(rng, heads, kv_heads):
+    """4/2 and 8/4 (the bundled model's) are where h % K and h // (H // K) disagree."""
     E, B, N, L = 8, 4, 24, 2
     positions, seq_rows, tables = ragged_batch(rng, 3, B, N, 18)
     T = len(positions)
@@ -107,26 +143,9 @@ def test_paged_attention_over_a_ragged_batch(rng, heads, kv_heads):
     out = dev(np.full((T, heads * E), np.nan, np.float32))  # poisoned: every element written
     lab1.launch_attention(dev(qkv), dev(positions), dev(seq_rows), dev(tables), dev(pool), layer,
                           heads, kv_heads, out)
-    assert rel_err(out.copy_to_host(), expected) < 1e-5
-
-
-@pytest.mark.task("1.3")
-def test_paged_attention_is_causal_and_follows_the_block_table(rng):
-    """One sequence, keys scattered over blocks in reverse order; a token at position p must
-    ignore everything after p (the cache holds garbage there)."""
-    E, B, N = 8, 2, 6
-    table = np.array([[5, 3, 1, 0]], np.int32)
-    positions = np.array([2, 3], np.int32)  # two new tokens: positions 2 and 3
-    seq_rows = np.zeros(2, np.int32)
-    q = rng.standard_normal((2, 1, E)).astype(np.float32)
-    qkv = np.concatenate([q.reshape(2, -1), np.zeros((2, 2 * E))], 1).astype(np.float32)
-    pool = rng.standard_normal((N, 1, 2, B, 1, E)).astype(np.float32)
-    pool[1, 0, :, 0] = 1e4  # position 4 (block 1, slot 0): beyond every token's context
-    expected = ref.paged_attention(q, positions, seq_rows, pool, 0, table).reshape(2, -1)
-    out = dev(np.full((2, E), np.nan, np.float32))
-    lab1.launch_attention(dev(qkv), dev(positions), dev(seq_rows), dev(table), dev(pool), 0, 1, 1,
-                          out)
-    assert rel_err(out.copy_to_host(), expected) < 1e-5
+    check_close(out.copy_to_host(), expected, 1e-5,
+                f"attention output ({heads} query heads over {kv_heads} kv heads)",
+                attention_mistakes(q, positions, seq_rows, pool, layer, tables))
 
 
 @pytest.fixture(scope="module")
@@ -138,7 +157,8 @@ def end_to_end(micro, rng, use):
     prompts = [rng.integers(3, 64, size=2).tolist() for _ in range(2)]
     greedy = SamplingParams(temperature=0, max_tokens=2, ignore_eos=True)
     got = lab1.generate(micro, prompts, greedy, use=use)
-    assert got == ref.generate(micro, prompts, greedy, block_size=lab1.MICRO_ENGINE.block_size)
+    check_tokens(got, ref.generate(micro, prompts, greedy, block_size=lab1.MICRO_ENGINE.block_size),
+                 f"greedy tokens of the eager executor with your {' and '.join(use)} kernel")
 
 
 @pytest.mark.task("1.2")

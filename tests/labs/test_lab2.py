@@ -14,6 +14,7 @@ from blink_edu import labs
 from blink_edu.backend import get_backend
 from blink_edu.config import SamplingParams
 from blink_edu.kernels.reduce import cuda
+from blink_edu.labs.checks import check_equal, check_tokens
 from blink_edu.labs.plug import lab2
 from blink_edu.model import reference
 from blink_edu.ring.layout import (DECODE_COMPLETED, DECODE_PAUSED, DECODE_PROCESSING, EMPTY,
@@ -34,10 +35,16 @@ def slot_cas(ring, slot, expected, new):
 @pytest.mark.task("2.1")
 def test_cas_moves_only_from_the_expected_state():
     ring = lab2.new_lab_ring()
-    assert slot_cas(ring, 3, EMPTY, FILLING) is True and ring.state[3] == FILLING
-    assert slot_cas(ring, 3, EMPTY, FILLING) is False and ring.state[3] == FILLING
-    assert slot_cas(ring, 3, FILLING, PREFILL_PENDING) is True and ring.state[3] == PREFILL_PENDING
-    assert (np.delete(ring.state, 3) == EMPTY).all(), "only the named slot may change"
+    check_equal(slot_cas(ring, 3, EMPTY, FILLING), True, "slot_cas(slot 3, EMPTY -> FILLING)")
+    check_equal(STATE_NAMES[int(ring.state[3])], "FILLING", "slot 3 after it")
+    check_equal(slot_cas(ring, 3, EMPTY, FILLING), False,
+                "slot_cas(slot 3, EMPTY -> FILLING) again (it is FILLING now)")
+    check_equal(STATE_NAMES[int(ring.state[3])], "FILLING", "slot 3 after a CAS that lost")
+    check_equal(slot_cas(ring, 3, FILLING, PREFILL_PENDING), True,
+                "slot_cas(slot 3, FILLING -> PREFILL_PENDING)")
+    check_equal(STATE_NAMES[int(ring.state[3])], "PREFILL_PENDING", "slot 3 after it")
+    check_equal(np.delete(ring.state, 3), np.full(ring.layout.num_slots - 1, EMPTY),
+                "every other slot (only the named slot may change; EMPTY=0)")
 
 
 @pytest.mark.task("2.1")
@@ -109,7 +116,8 @@ def test_racing_frontends_reserve_each_slot_once():
         t.start()
     for t in threads:
         t.join()
-    assert sorted(s for _, s in wins) == list(range(ring.layout.num_slots))
+    check_equal(sorted(s for _, s in wins), list(range(ring.layout.num_slots)),
+                "slots won by the four racing threads, sorted (each exactly once)")
 
 
 @pytest.mark.task("2.1")
@@ -118,7 +126,8 @@ def test_the_ring_loop_serves_requests_through_your_cas(rng):
     prompts = [rng.integers(3, 64, size=int(n)).tolist() for n in rng.integers(1, 7, size=5)]
     greedy = SamplingParams(temperature=0, max_tokens=3, ignore_eos=True)
     got, ring = lab2.serve_through_ring_loop(weights, prompts, greedy, timeout_s=60)
-    assert got == reference.generate(weights, prompts, greedy, block_size=lab2.ENGINE.block_size)
+    want = reference.generate(weights, prompts, greedy, block_size=lab2.ENGINE.block_size)
+    check_tokens(got, want, "tokens served through the ring loop with your slot_cas")
     assert (ring.state == EMPTY).all(), "every slot must be EMPTY again after release"
 
 
@@ -129,15 +138,16 @@ def test_claim_takes_only_pending_slots():
                        DECODE_COMPLETED, DECODE_PAUSED, PREFILL_PENDING], np.int32)
     after, winners = lab2.race_to_claim(states, rounds=1)
     expected = np.where(states == PREFILL_PENDING, PREFILL_PROCESSING, states)
-    np.testing.assert_array_equal(after, expected)
-    np.testing.assert_array_equal(winners, (states == PREFILL_PENDING).astype(np.int32))
+    check_equal([STATE_NAMES[int(v)] for v in after], [STATE_NAMES[int(v)] for v in expected],
+                "the slots' states after one claim round")
+    check_equal(winners, (states == PREFILL_PENDING).astype(np.int32), "claims won per slot")
 
 
 @pytest.mark.task("2.2")
 def test_racing_threads_claim_each_slot_exactly_once():
     states = np.full(8, PREFILL_PENDING, np.int32)
     after, winners = lab2.race_to_claim(states, rounds=2)
-    assert (after == PREFILL_PROCESSING).all()
+    check_equal(after, np.full(8, PREFILL_PROCESSING), "states after the race (all claimed)")
     assert winners.tolist() == [1] * 8, (
         f"claims per slot {winners.tolist()}: a slot claimed more than once means two threads "
         f"both saw PREFILL_PENDING — the check and the write must be one atomic CAS")
@@ -186,10 +196,15 @@ def test_publish_writes_tokens_counter_state_and_reason(rng):
     d = [cuda.to_device(a) for a in (state, out, gen, reason)]
     publish_all(impl, *d, slot, cuda.to_device(tokens))
     state, out, gen, reason = (a.copy_to_host() for a in d)
-    assert out[slot, :4].tolist() == tokens.tolist() and (out[slot, 4:] == -1).all()
-    assert gen[slot] == 4 and state[slot] == DECODE_COMPLETED and reason[slot] == FINISH_LENGTH
+    check_equal(out[slot].tolist(), tokens.tolist() + [-1] * (O - 4),
+                "the slot's output tokens (the rest untouched: -1)")
+    check_equal(int(gen[slot]), 4, "the slot's generated counter")
+    check_equal(STATE_NAMES[int(state[slot])], "DECODE_COMPLETED", "the slot's state")
+    check_equal(int(reason[slot]), FINISH_LENGTH, f"the slot's finish reason (FINISH_LENGTH="
+                                                  f"{FINISH_LENGTH})")
     others = [s for s in range(S) if s != slot]
-    assert (gen[others] == 0).all() and (out[others] == -1).all()
+    check_equal(gen[others], np.zeros(S - 1, np.int32), "the other slots' counters")
+    check_equal(out[others], np.full((S - 1, O), -1, np.int32), "the other slots' tokens")
 
 
 @pytest.mark.task("2.3")
@@ -231,5 +246,6 @@ def test_the_polling_kernel_serves_frontend_threads(rng):
                  int(rng.integers(1, 6))) for _ in range(10)]
     tokens, claims, submitted = lab2.serve_with_polling_kernel(requests, n_frontends=3,
                                                                timeout_s=60)
-    assert tokens == [lab2.toy_tokens(p, m) for p, m in requests]
+    check_tokens(tokens, [lab2.toy_tokens(p, m) for p, m in requests],
+                 "tokens the polling kernel served")
     assert claims.tolist() == submitted.tolist(), "every submission claimed exactly once"

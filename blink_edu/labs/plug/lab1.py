@@ -18,9 +18,10 @@ from ...engine.llm_engine import LLMEngine
 from ...kernels.reduce import THREADS, cuda
 from ...model.weights import random_weights
 
-# A micro model: every simulated CUDA thread is a Python thread.
+# A micro model: every simulated CUDA thread is a Python thread. Four query heads over two kv
+# heads, so that a wrong grouped-query mapping generates wrong tokens.
 MICRO = dict(model_type="llama", vocab_size=64, hidden_size=32, intermediate_size=48,
-             num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1,
+             num_hidden_layers=1, num_attention_heads=4, num_key_value_heads=2,
              max_position_embeddings=64, rope_theta=10000.0, rms_norm_eps=1e-5,
              tie_word_embeddings=True, eos_token_id=2)
 MICRO_ENGINE = EngineConfig(executor="eager", block_size=4, num_kv_blocks=8, max_num_seqs=2,

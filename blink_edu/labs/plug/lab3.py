@@ -5,7 +5,8 @@
 against the rules that must always hold (budget, seats, every token of a chunk backed by KV
 blocks), records it in ``history`` (for the notebook's picture) and packs the ``StepBatch``.
 Everything after the model ran (``postprocess``: tokens, stop rules, freeing blocks) is the
-project's ``Scheduler``. ``lab_engine`` swaps it into an ``LLMEngine`` (NumPy reference executor).
+project's ``Scheduler``. ``lab_engine`` builds an ``LLMEngine`` (NumPy reference executor) with it
+(``LLMEngine(..., scheduler=)``).
 """
 
 from __future__ import annotations
@@ -163,10 +164,11 @@ class LabScheduler(Scheduler):
 
 
 def lab_engine(weights, config: EngineConfig) -> LLMEngine:
-    """``LLMEngine`` (reference executor) whose scheduler is a ``LabScheduler``."""
-    engine = LLMEngine(weights, config)
-    engine.scheduler = LabScheduler(config, engine.max_model_len, engine.scheduler.eos_token_ids)
-    return engine
+    """``LLMEngine`` (reference executor) built with a ``LabScheduler`` as its scheduler."""
+    model = weights.config
+    scheduler = LabScheduler(config, config.max_model_len or model.max_position_embeddings,
+                             model.eos_token_ids)
+    return LLMEngine(weights, config, scheduler=scheduler)
 
 
 def generate(weights, prompts, params: SamplingParams, config: EngineConfig):

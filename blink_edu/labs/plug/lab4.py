@@ -6,7 +6,9 @@
   as the lab's ``plan_batched_copy`` says: one copy per planned run, bytes and all.
 
 ``rotating_engine`` builds an ``LLMEngine`` (reference executor, ``preemption="rotate"``) over
-them; under memory pressure its FCFS scheduler rotates decoding requests out and back in.
+them, through its constructor arguments (``executor=``, ``scheduler=``, the scheduler's
+``block_manager=`` and ``attach_rotation``); under memory pressure its FCFS scheduler rotates
+decoding requests out and back in.
 """
 
 from __future__ import annotations
@@ -16,6 +18,8 @@ import numpy as np
 from .. import implementation, require
 from ...config import EngineConfig, ModelConfig, SamplingParams
 from ...engine.llm_engine import LLMEngine
+from ...engine.reference_executor import ReferenceExecutor
+from ...engine.scheduler import Scheduler
 from ...kv.block_manager import BlockManager
 from ...kv.host_store import HostKVStore
 from ...kv.rotation import RotationEngine
@@ -115,20 +119,21 @@ class LabTransport(NumpyTransport):
 
 def rotating_engine(weights, config: EngineConfig, delay: int = 0) -> LLMEngine:
     """``LLMEngine`` with rotation preemption over the lab's block manager, books and transport
-    (copies land ``delay`` steps after they are issued, as on a busy link)."""
+    (copies land ``delay`` steps after they are issued, as on a busy link), all handed to it
+    through its constructor: the executor, and a scheduler with the lab's rotation attached."""
     if config.preemption != "rotate":
         raise ValueError("the lab engine rotates: use EngineConfig(preemption='rotate')")
-    engine = LLMEngine(weights, config)
-    scheduler = engine.scheduler
+    model = weights.config
+    executor = ReferenceExecutor(weights, config.num_kv_blocks, config.block_size)
+    pool = executor.kv_pool  # (N, L, 2, B, K, E)
     blocks = LabBlockManager(config.num_kv_blocks, config.block_size)
-    scheduler.block_manager = blocks
-    pool = engine.executor.kv_pool  # (N, L, 2, B, K, E)
+    scheduler = Scheduler(config, config.max_model_len or model.max_position_embeddings,
+                          model.eos_token_ids, block_manager=blocks)
     host = HostKVStore(config.num_host_kv_blocks or 2 * config.num_kv_blocks,
                        tuple(pool.shape[1:]), pool.dtype)
-    rotation = LabRotationEngine(blocks, host, LabTransport(pool, host, delay), eager=True)
-    scheduler.rotation = None
-    scheduler.attach_rotation(rotation)
-    return engine
+    scheduler.attach_rotation(LabRotationEngine(blocks, host, LabTransport(pool, host, delay),
+                                                eager=True))
+    return LLMEngine(weights, config, executor=executor, scheduler=scheduler)
 
 
 def generate(weights, prompts, params: SamplingParams, config: EngineConfig, delay: int = 0,
