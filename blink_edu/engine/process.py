@@ -75,12 +75,13 @@ def run_persistent(ring, model_dir, engine_config, eos, board, parent, dispatch:
     This loop makes no CUDA call: it reads the kernel's counters from host memory for the stats
     board and waits for the stop flag. (Stop this process with SIGSTOP and the kernel goes on
     serving: Blink's claim, shown by ``python -m blink_edu.bench.persistent``.)"""
-    from ..backend import describe
+    from ..backend import describe, warn_if_simulated
     from ..model.weights import load_weights
     from .llm_engine import EngineStats, kernel_weight_dtype
     from .persistent import PersistentExecutor
 
     weights = load_weights(model_dir)
+    warn_if_simulated("persistent", weights.config.num_parameters())
     executor: RingExecutor = PersistentExecutor(
         weights, engine_config, ring, eos_token_ids=eos,
         weight_dtype=kernel_weight_dtype(weights, engine_config), dispatch=dispatch)

@@ -30,9 +30,19 @@ def port_number(text: str) -> int:
     return port
 
 
+class HelpWithDefaults(argparse.ArgumentDefaultsHelpFormatter):
+    """Every option's default in --help, unless its help names the default itself."""
+
+    def _get_help_string(self, action):
+        if "(default" in (action.help or ""):
+            return action.help
+        return super()._get_help_string(action)
+
+
 def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m blink_edu.serve",
-                                description=__doc__.split("\n\n")[0])
+                                description=__doc__.split("\n\n")[0],
+                                formatter_class=HelpWithDefaults)
     p.add_argument("--model", default=None, help="a Hugging Face model folder (default: bundled)")
     p.add_argument("--served-model-name", default=None,
                    help="the name clients send as `model` (default: blink-edu-7m, or the "
@@ -54,7 +64,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--max-num-seqs", type=int, default=64, help="most requests per step")
     p.add_argument("--max-queue", type=int, default=None,
                    help="most requests in the ring at once; more get 429 (default: ring size)")
-    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--host", default="127.0.0.1", help="interface to listen on")
     p.add_argument("--port", type=port_number, default=8000, help="TCP port, 1..65535")
     p.add_argument("--api-key", default=None, help="require 'Authorization: Bearer <key>'")
     p.add_argument("--drain-timeout", type=float, default=30.0,
