@@ -39,7 +39,8 @@ from ..kv.block_manager import blocks_needed
 from ..kv.pool import allocate_kv_pool
 from ..model.reference import rope_tables
 from ..model.weights import ModelWeights
-from .forward_ops import ATTENTION, EMBED, ROPE_KV, SAMPLE, SWIGLU, op_grid
+from .forward_ops import (ATTENTION, DOWN, EMBED, GATE_UP, LM_HEAD, O_PROJ, OP_NAMES, QKV,
+                          ROPE_KV, SAMPLE, SWIGLU, num_ops, op_grid, op_of)
 from .step import StepBatch, padded_step_shape
 
 
@@ -226,48 +227,56 @@ class EagerExecutor:
 
     # --- the model, as launches ------------------------------------------------------------
     def launch_forward(self, s_b: int, t_b: int, probe=None) -> None:
-        """Every kernel of one step, in order, on ``self.stream``. ``probe(op)``, if given, is
-        called before each launch with the op's name and once more with ``None`` at the end:
-        profilers and chapters hook in there (see ``bench/decode.py``'s op breakdown)."""
-        cfg, v, st = self.config, self.bucket_views(s_b, t_b), self.stream
-        H, K = cfg.num_heads, cfg.num_kv_heads
+        """Every kernel of one step, in ``forward_ops``' order (the op list every executor runs),
+        on ``self.stream``. ``probe(name)``, if given, is called before each launch with the op's
+        name and once more with ``None`` at the end: profilers and chapters hook in there (see
+        ``bench/decode.py``'s op breakdown)."""
+        probe = probe or (lambda name: None)
+        views = self.bucket_views(s_b, t_b)
+        for k in range(num_ops(self.config.num_layers)):
+            op, layer = op_of(k, self.config.num_layers)
+            if op == SAMPLE and self._adjustments is not None:  # only in a step that has some
+                probe("adjust")  # (never captured)
+                adjust_logits_kernel[grid_for(s_b), THREADS, self.stream](views["logits"],
+                                                                          *self._adjustments)
+            probe(OP_NAMES[op])
+            self.launch_op(op, layer, views, s_b, t_b)
+        probe(None)
+
+    def launch_op(self, op: int, i: int, v: dict, s_b: int, t_b: int) -> None:
+        """One op of ``forward_ops`` (of layer ``i``) as one launch over bucket (S_b, T_b)'s
+        views ``v``: the same device functions the persistent kernel runs between barriers."""
+        cfg, st = self.config, self.stream
+        grid = op_grid(op, t_b, s_b, cfg)
         empty = self.final_norm[:0]
-        probe = probe or (lambda op: None)
-
-        def linear(op, x, rows, norm, w, b, out, accumulate):
-            probe(op)
-            self.launch_linear(x, rows, norm, w, b, out, accumulate)
-
-        def grid(op):
-            return op_grid(op, t_b, s_b, cfg)
-
-        probe("embed")
-        embed_tokens_kernel[grid(EMBED), THREADS, st](self.embed, v["token_ids"], v["x"])
-        for i, lw in enumerate(self.layers):
-            linear("norm+qkv", v["x"], v["rows"], lw.attn_norm, lw.w_qkv, lw.b_qkv, v["qkv"], 0)
-            probe("rope+kv_write")
-            rope_and_write_kv_kernel[grid(ROPE_KV), THREADS, st](
+        lw = self.layers[i]
+        if op == EMBED:
+            embed_tokens_kernel[grid, THREADS, st](self.embed, v["token_ids"], v["x"])
+        elif op == QKV:
+            self.launch_linear(v["x"], v["rows"], lw.attn_norm, lw.w_qkv, lw.b_qkv, v["qkv"], 0)
+        elif op == ROPE_KV:
+            rope_and_write_kv_kernel[grid, THREADS, st](
                 v["qkv"], v["positions"], v["seq_rows"], v["block_tables"], self.cos, self.sin,
-                self.kv_pool, i, H, K)
-            probe("attention")
+                self.kv_pool, i, cfg.num_heads, cfg.num_kv_heads)
+        elif op == ATTENTION:
             self.launch_attention(v["qkv"], v["positions"], v["seq_rows"], v["block_tables"], i,
                                   v["attn"])
-            linear("o_proj+residual", v["attn"], v["rows"], empty, lw.w_o, lw.b_o, v["x"], 1)
-            linear("norm+gate_up", v["x"], v["rows"], lw.mlp_norm, lw.w_gate_up, lw.b_gate_up,
-                   v["gate_up"], 0)
-            probe("swiglu")
-            swiglu_kernel[grid(SWIGLU), THREADS, st](v["gate_up"], v["act"])
-            linear("down+residual", v["act"], v["rows"], empty, lw.w_down, lw.b_down, v["x"], 1)
-        linear("norm+lm_head", v["x"], v["logit_rows"], self.final_norm, self.lm_head, empty,
-               v["logits"], 0)
-        if self._adjustments is not None:  # only in a step that has some (never captured)
-            probe("adjust")
-            adjust_logits_kernel[grid_for(s_b), THREADS, st](v["logits"], *self._adjustments)
-        probe("sample")
-        sample_rows_kernel[grid(SAMPLE), THREADS, st](
-            v["logits"], v["temperature"], v["top_p"], v["top_k"], v["seeds"], v["counters"],
-            v["tokens"])
-        probe(None)
+        elif op == O_PROJ:
+            self.launch_linear(v["attn"], v["rows"], empty, lw.w_o, lw.b_o, v["x"], 1)
+        elif op == GATE_UP:
+            self.launch_linear(v["x"], v["rows"], lw.mlp_norm, lw.w_gate_up, lw.b_gate_up,
+                               v["gate_up"], 0)
+        elif op == SWIGLU:
+            swiglu_kernel[grid, THREADS, st](v["gate_up"], v["act"])
+        elif op == DOWN:
+            self.launch_linear(v["act"], v["rows"], empty, lw.w_down, lw.b_down, v["x"], 1)
+        elif op == LM_HEAD:
+            self.launch_linear(v["x"], v["logit_rows"], self.final_norm, self.lm_head, empty,
+                               v["logits"], 0)
+        else:
+            sample_rows_kernel[grid, THREADS, st](
+                v["logits"], v["temperature"], v["top_p"], v["top_k"], v["seeds"],
+                v["counters"], v["tokens"])
 
     def launch_linear(self, x, rows, norm, w, b, out, accumulate) -> None:
         """out (+)= rms_norm?(x[rows]) @ w.T + b (``kernels/linear.py``). A subclass may launch
