@@ -90,8 +90,11 @@ forward = (m["embed"], m["attn_norm"], m["w_qkv"], m["b_qkv"], m["w_o"], m["b_o"
            m["no_norm"], np.float32(1e-5), m["cos"], m["sin"], m["kv_pool"], 4, 2, b["x"], b["qkv"],
            b["attn"], b["gate_up"], b["act"], b["logits"], b["all_rows"], b["token_ids"],
            b["positions"], b["seq_rows"], s["block_tables"], b["logit_rows"], b["step_temperature"],
-           b["step_top_p"], b["step_top_k"], b["step_seeds"], b["counters"], b["tokens"])
+           b["step_top_p"], b["step_top_k"], b["step_seeds"], b["counters"], b["tokens"],
+           executor._sampling_history())
 def describe(a):
+    if isinstance(a, tuple):  # a named group of arrays (forward_ops.SamplingHistory)
+        return ["group", [describe(x) for x in a]]
     a = getattr(a, "_ary", a)  # the simulator's device-array wrapper
     if isinstance(a, np.ndarray):
         return [str(a.dtype), a.ndim]
@@ -111,6 +114,9 @@ def persistent_kernel_types() -> dict[str, tuple]:
                "bool": types.boolean}
 
     def numba_type(dtype, ndim):
+        if dtype == "group":
+            from blink_edu.engine.forward_ops import SamplingHistory
+            return types.NamedTuple([numba_type(*d) for d in ndim], SamplingHistory)
         return scalars[dtype] if ndim is None else arr(numpy_support.from_dtype(np.dtype(dtype)), ndim)
 
     described = json.loads(done.stdout.strip().splitlines()[-1])
@@ -123,6 +129,18 @@ def persistent_kernels():
     return [("persistent_inline", persistent_kernel.persistent_scheduler_kernel.py_func,
              sigs["persistent"]),
             ("forward_op (graph)", forward_ops.forward_op_kernel.py_func, sigs["forward_op"])]
+
+
+def ptxas(path: Path) -> subprocess.CompletedProcess:
+    """ptxas's report on one kernel; relocatable (``-c``) for a kernel whose grid sync needs the
+    device runtime at link time (its figures then differ a little from a linked build's)."""
+    run = lambda *flags: subprocess.run(["ptxas", "-arch=sm_90", "-v", *flags, str(path),  # noqa: E731
+                                         "-o", os.devnull], capture_output=True, text=True)
+    report = run()
+    if "Unresolved extern" in report.stderr:
+        report = run("-c")
+        report.stderr += "\n(relocatable)"
+    return report
 
 
 def main() -> int:
@@ -141,14 +159,14 @@ def main() -> int:
             continue
         path = out / f"{name}.ptx"
         path.write_text(ptx)
-        report = subprocess.run(["ptxas", "-arch=sm_90", "-v", str(path), "-o", os.devnull],
-                                capture_output=True, text=True)
+        report = ptxas(path)
         regs = re.findall(r"Used (\d+) registers", report.stderr)
         spills = re.findall(r"(\d+) bytes spill stores", report.stderr)
         smem = re.findall(r"(\d+) bytes smem", report.stderr)
         print(f"{name:20s} regs {','.join(regs) or '?':>7s}  spill stores {','.join(spills) or '0':>5s} B"
               f"  smem {','.join(smem) or '0':>6s} B  ld.global.v4 {ptx.count('ld.global.v4'):3d}"
-              f"  mma {ptx.count('mma.sync'):3d}" + ("" if report.returncode == 0 else "  ptxas FAILED"))
+              f"  mma {ptx.count('mma.sync'):3d}" + ("" if report.returncode == 0 else "  ptxas FAILED")
+              + ("  (relocatable)" if "(relocatable)" in report.stderr else ""))
         failed += report.returncode != 0
     return 1 if failed else 0
 

@@ -22,14 +22,17 @@ between two ops there must be a barrier for the whole grid:
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 from ..kernels.attention import paged_attention
 from ..kernels.elementwise import elementwise_items, embed_tokens, swiglu
 from ..kernels.linear import GEMV_MAX_ROWS, linear_in_megakernel, linear_work_items
 from ..kernels.reduce import cuda, grid_for
 from ..kernels.rope import rope_and_write_kv, rope_work_items
-from ..kernels.sampling import sample_rows
+from ..kernels.sampling import adjust_row_from_history, sample_rows
 
 EMBED, QKV, ROPE_KV, ATTENTION, O_PROJ, GATE_UP, SWIGLU, DOWN, LM_HEAD, SAMPLE = range(10)
+LANE_SLOT = 0  # lanes[lane, LANE_SLOT]: the ring slot a lane serves (persistent_kernel.L_SLOT)
 OPS_PER_LAYER = 7  # QKV .. DOWN
 OP_NAMES = ("embed", "norm+qkv", "rope+kv_write", "attention", "o_proj+residual",
             "norm+gate_up", "swiglu", "down+residual", "norm+lm_head", "sample")
@@ -51,12 +54,43 @@ def op_of(k, num_layers):
 op_of_device = cuda.jit(device=True)(op_of)
 
 
+class SamplingHistory(NamedTuple):
+    """What the sampler needs, inside a kernel, to apply a request's presence and frequency
+    penalties and its logit_bias (OpenAI's definitions: ``model/sampling.py``), passed as one
+    group of device arrays. Per sampled row r: its lane ``row_lane`` (R,); per lane: its ring
+    slot ``lanes[:, LANE_SLOT]``; per ring slot: ``presence_penalty``, ``frequency_penalty``
+    (S,) f32, ``logit_bias_ids`` (S, B) i32 (-1 padded) and ``logit_bias_values`` (S, B) f32,
+    ``output_tokens`` (S, O) i32, its generated tokens (``counters[r]`` of them so far)."""
+
+    row_lane: object
+    lanes: object
+    presence_penalty: object
+    frequency_penalty: object
+    logit_bias_ids: object
+    logit_bias_values: object
+    output_tokens: object
+
+
+@cuda.jit(device=True)
+def adjust_sampled_rows(logits, counters, history, blk, nb):
+    """Penalties and logit_bias on this block's rows of ``logits`` (R, V), before ``sample_rows``
+    (which gives each block the same rows). Rows whose request asks for none are left alone."""
+    h = history
+    for r in range(blk, logits.shape[0], nb):
+        slot = h.lanes[h.row_lane[r], LANE_SLOT]
+        if (h.presence_penalty[slot] != 0 or h.frequency_penalty[slot] != 0
+                or h.logit_bias_ids[slot, 0] >= 0):  # the same for the whole block
+            adjust_row_from_history(logits, r, h.output_tokens[slot], counters[r],
+                                    h.presence_penalty[slot], h.frequency_penalty[slot],
+                                    h.logit_bias_ids[slot], h.logit_bias_values[slot])
+
+
 @cuda.jit(device=True)
 def forward_op(op, i, T, R, embed, attn_norm, w_qkv, b_qkv, w_o, b_o, mlp_norm, w_gate_up,
                b_gate_up, w_down, b_down, final_norm, lm_head, no_norm, eps, cos, sin, kv_pool,
                num_heads, num_kv_heads, x, qkv, attn, gate_up, act, logits, all_rows, token_ids,
                positions, seq_rows, block_tables, logit_rows, step_temperature, step_top_p,
-               step_top_k, step_seeds, counters, tokens, blk, nb):
+               step_top_k, step_seeds, counters, tokens, history, blk, nb):
     """Op ``op`` (of layer ``i``) over T tokens and R rows, this block's share of it.
     x (T, D), qkv (T, (H + 2K) E), attn (T, H E), gate_up (T, 2F), act (T, F) f32 activations;
     token_ids, positions, seq_rows (T,); logit_rows and the sampling parameters (R,)."""
@@ -82,6 +116,7 @@ def forward_op(op, i, T, R, embed, attn_norm, w_qkv, b_qkv, w_o, b_o, mlp_norm, 
     elif op == LM_HEAD:
         linear_in_megakernel(x[:T], logit_rows[:R], final_norm, eps, lm_head, no_norm, logits[:R], 0, blk, nb)
     else:
+        adjust_sampled_rows(logits[:R], counters[:R], history, blk, nb)
         sample_rows(logits[:R], step_temperature[:R], step_top_p[:R], step_top_k[:R],
                     step_seeds[:R], counters[:R], tokens[:R], blk, nb)
 
@@ -91,7 +126,7 @@ def forward(T, R, embed, attn_norm, w_qkv, b_qkv, w_o, b_o, mlp_norm, w_gate_up,
             w_down, b_down, final_norm, lm_head, no_norm, eps, cos, sin, kv_pool, num_heads,
             num_kv_heads, x, qkv, attn, gate_up, act, logits, all_rows, token_ids, positions,
             seq_rows, block_tables, logit_rows, step_temperature, step_top_p, step_top_k,
-            step_seeds, counters, tokens):
+            step_seeds, counters, tokens, history):
     """Inline dispatch: every op of the step in this (cooperative) kernel, a grid barrier after
     each but the last (the caller's barrier follows it)."""
     blk, nb = cuda.blockIdx.x, cuda.gridDim.x
@@ -102,7 +137,8 @@ def forward(T, R, embed, attn_norm, w_qkv, b_qkv, w_o, b_o, mlp_norm, w_gate_up,
                    b_gate_up, w_down, b_down, final_norm, lm_head, no_norm, eps, cos, sin,
                    kv_pool, num_heads, num_kv_heads, x, qkv, attn, gate_up, act, logits,
                    all_rows, token_ids, positions, seq_rows, block_tables, logit_rows,
-                   step_temperature, step_top_p, step_top_k, step_seeds, counters, tokens, blk, nb)
+                   step_temperature, step_top_p, step_top_k, step_seeds, counters, tokens, history,
+                   blk, nb)
         if k + 1 < n:
             cuda.cg.this_grid().sync()
 
@@ -112,14 +148,15 @@ def forward_op_kernel(op, i, sizes, embed, attn_norm, w_qkv, b_qkv, w_o, b_o, ml
                       w_gate_up, b_gate_up, w_down, b_down, final_norm, lm_head, no_norm, eps,
                       cos, sin, kv_pool, num_heads, num_kv_heads, x, qkv, attn, gate_up, act,
                       logits, all_rows, token_ids, positions, seq_rows, block_tables, logit_rows,
-                      step_temperature, step_top_p, step_top_k, step_seeds, counters, tokens):
+                      step_temperature, step_top_p, step_top_k, step_seeds, counters, tokens,
+                      history):
     """One op as one kernel (a node of a device-launched graph); T = sizes[0], R = sizes[1],
     written by the scheduler kernel before it launched the graph."""
     forward_op(op, i, sizes[0], sizes[1], embed, attn_norm, w_qkv, b_qkv, w_o, b_o, mlp_norm,
                w_gate_up, b_gate_up, w_down, b_down, final_norm, lm_head, no_norm, eps, cos, sin,
                kv_pool, num_heads, num_kv_heads, x, qkv, attn, gate_up, act, logits, all_rows,
                token_ids, positions, seq_rows, block_tables, logit_rows, step_temperature,
-               step_top_p, step_top_k, step_seeds, counters, tokens, cuda.blockIdx.x,
+               step_top_p, step_top_k, step_seeds, counters, tokens, history, cuda.blockIdx.x,
                cuda.gridDim.x)
 
 

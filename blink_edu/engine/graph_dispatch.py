@@ -216,9 +216,10 @@ def token_buckets(budget: int) -> list[int]:
 class ForwardGraphs:
     """Per token bucket, two device-launchable graphs of one forward step (one kernel node per op
     of ``forward_ops``, then ``signal_step_done``), over the persistent executor's weights and
-    buffers. ``execs`` (buckets, 2) uint64 and ``bucket_tokens`` (buckets,) go to the kernel."""
+    buffers (and ``history``, a ``forward_ops.SamplingHistory``). ``execs`` (buckets, 2) uint64
+    and ``bucket_tokens`` (buckets,) go to the kernel."""
 
-    def __init__(self, model: dict, buffers: dict, config, budget: int, max_rows: int,
+    def __init__(self, model: dict, buffers: dict, history, config, budget: int, max_rows: int,
                  stream_ptr: int):
         self.sizes = cuda.to_device(np.zeros(3, np.int64))  # (T, R, step) of the running step
         self.done = cuda.to_device(np.zeros(1, np.int64))  # the last step the graphs finished
@@ -231,7 +232,7 @@ class ForwardGraphs:
                      b["x"], b["qkv"], b["attn"], b["gate_up"], b["act"], b["logits"],
                      b["all_rows"], b["token_ids"], b["positions"], b["seq_rows"],
                      b["block_tables"], b["logit_rows"], b["step_temperature"], b["step_top_p"],
-                     b["step_top_k"], b["step_seeds"], b["counters"], b["tokens"])
+                     b["step_top_k"], b["step_seeds"], b["counters"], b["tokens"], history)
         tokens = token_buckets(budget)
         self.record_step(tokens[-1], max_rows)  # compile every kernel outside a capture (T = 0)
         cuda.synchronize()

@@ -39,12 +39,16 @@ from ..model.weights import ModelWeights
 from ..ring.layout import Ring
 from ..ring.placement import host_words, map_ring_for_gpu
 from . import persistent_kernel as pk
+from .forward_ops import SamplingHistory
 from .kernel_executor import MATRICES, fused_layer
 
 RING_FIELDS = ("state", "doorbell", "engine_heartbeat", "arrival_ns", "claim_ns", "first_token_ns",
                "last_token_ns", "prompt_len", "max_tokens", "top_k", "seed", "temperature", "top_p",
                "stop_ids", "ignore_eos", "cancel", "generated", "finish_reason", "prompt_tokens",
                "output_tokens")  # in the kernel's argument order
+# what a request asks of the sampler beyond temperature/top-p/top-k: forward_ops.SamplingHistory
+SAMPLING_RING_FIELDS = ("presence_penalty", "frequency_penalty", "logit_bias_ids",
+                        "logit_bias_values")
 
 
 def stacked_weights(weights: ModelWeights, weight_dtype) -> dict[str, object]:
@@ -126,7 +130,7 @@ class PersistentExecutor:
             candidates=cuda.device_array(pk.MAX_CANDIDATES, i32))
         self.num_kv_blocks = N
         self.control = host_words(pk.NUM_CONTROL_WORDS)  # (C,) int64 host memory the GPU sees
-        self.ring_mapping = map_ring_for_gpu(ring, RING_FIELDS)
+        self.ring_mapping = map_ring_for_gpu(ring, RING_FIELDS + SAMPLING_RING_FIELDS)
         self.budget, self.eps = T, np.float32(cfg.rms_norm_eps)
         self.grid_blocks = grid_blocks
         self._thread: threading.Thread | None = None
@@ -166,6 +170,12 @@ class PersistentExecutor:
         return best[1]
 
     # --- launch and stop -------------------------------------------------------------------
+    def _sampling_history(self) -> SamplingHistory:
+        views = self.ring_mapping.views
+        return SamplingHistory(self.buffers["row_lane"], self.scheduler_state["lanes"],
+                               *[views[name] for name in SAMPLING_RING_FIELDS],
+                               views["output_tokens"])
+
     def _args(self) -> tuple:
         m, b, s = self.model, self.buffers, self.scheduler_state
         cfg = self.config
@@ -180,7 +190,7 @@ class PersistentExecutor:
                 b["counters"], b["tokens"], b["row_lane"],
                 s["lanes"], s["lane_sampling"], s["lane_stop_ids"], s["block_tables"],
                 s["free_blocks"], s["free_top"], s["sched"], s["candidates"], self.budget, self.max_model_len,
-                int(self.ring_mapping.in_device_memory))
+                int(self.ring_mapping.in_device_memory), self._sampling_history())
 
     def start(self) -> None:
         """Launch the kernel; it runs until ``stop()``."""
@@ -214,8 +224,8 @@ class PersistentExecutor:
 
         b, s = self.buffers, self.scheduler_state
         forward = gd.ForwardGraphs(self.model, {**b, "block_tables": s["block_tables"]},
-                                   self.config, self.budget, b["logits"].shape[0],
-                                   self._stream.ptr)
+                                   self._sampling_history(), self.config, self.budget,
+                                   b["logits"].shape[0], self._stream.ptr)
         args = (*[self.ring_mapping.views[name] for name in RING_FIELDS], self.control.device,
                 self.model["eos_ids"], b["token_ids"], b["positions"], b["seq_rows"],
                 b["logit_rows"], b["step_temperature"], b["step_top_p"], b["step_top_k"],

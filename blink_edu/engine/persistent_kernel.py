@@ -66,7 +66,7 @@ from ..kernels.sampling import lowbias32
 from ..kernels.sync import globaltimer_ns, load_acquire, pause_ns, store_release
 from ..ring.layout import (DECODE_COMPLETED, DECODE_PROCESSING, FINISH_ABORT, FINISH_ERROR,
                            FINISH_LENGTH, FINISH_STOP, PREFILL_PENDING, PREFILL_PROCESSING)
-from .forward_ops import forward
+from .forward_ops import LANE_SLOT, forward
 
 MAX_CANDIDATES = 64  # pending slots one scan can note; more wait for the next scan
 
@@ -74,6 +74,7 @@ MAX_CANDIDATES = 64  # pending slots one scan can note; more wait for the next s
 (L_SLOT, L_CACHED, L_LEN, L_PROMPT, L_ORDER, L_GEN, L_SCHED, L_SAMPLE_ROW, L_SEED, L_START,
  L_LAST_TOKEN, L_MAX_TOKENS, L_IGNORE_EOS, L_TOP_K) = range(14)
 NUM_LANE_FIELDS = 14
+assert L_SLOT == LANE_SLOT  # forward_ops reads a lane's slot without importing this module
 # sched[word]: the kernel's own bookkeeping, in device memory
 (S_STOP, S_TOKENS, S_ROWS, S_DOORBELL_SEEN, S_DOORBELL_NOW, S_ADMITTED, S_CANDIDATES,
  S_SCAN_START, S_STEPS, S_SCAN_NS, S_SCANS, S_IDLE, S_CLOCK_OFFSET, S_STEP_START,
@@ -519,7 +520,9 @@ def persistent_scheduler_kernel(
         step_temperature, step_top_p, step_top_k, step_seeds, counters, tokens, row_lane,
         # the scheduler's own state
         lanes, lane_sampling, lane_stop_ids, block_tables, free_blocks, free_top, sched,
-        candidates, budget, max_model_len, ring_in_device_memory):
+        candidates, budget, max_model_len, ring_in_device_memory,
+        # penalties and logit_bias: forward_ops.SamplingHistory (one named group of arrays)
+        history):
     tid = cuda.threadIdx.x
     leader = cuda.blockIdx.x == 0
     while True:
@@ -556,7 +559,7 @@ def persistent_scheduler_kernel(
                 b_gate_up, w_down, b_down, final_norm, lm_head, no_norm, eps, cos, sin, kv_pool,
                 num_heads, num_kv_heads, x, qkv, attn, gate_up, act, logits, all_rows, token_ids,
                 positions, seq_rows, block_tables, logit_rows, step_temperature, step_top_p,
-                step_top_k, step_seeds, counters, tokens)
+                step_top_k, step_seeds, counters, tokens, history)
         grid_sync()
         if leader:  # D
             publish_step(lanes, lane_stop_ids, tokens, row_lane, R, state, output_tokens,

@@ -85,9 +85,9 @@ class ServeSettings:
     retry_after_s: int = 1  # the Retry-After of a 429
     max_logprobs: int = 0  # top logprobs per token a request may ask for (the ring's width)
     max_logit_bias: int = 64  # logit_bias entries a request may carry (the ring's width)
-    # None: the engine honours logit_bias, the penalties and logprobs; else the executor's
-    # name that does not (the persistent kernel)
-    no_sampling_extras: str | None = None
+    # None: the engine returns logprobs; else the name of the executor that does not (the
+    # persistent kernel samples on the GPU and publishes tokens only)
+    no_logprobs: str | None = None
 
 
 class APIError(Exception):
@@ -283,13 +283,10 @@ def check_common(body: SamplingFields, settings: ServeSettings, num_prompts: int
         raise APIError(400, f"at most {settings.max_logprobs} top logprobs per token "
                             f"(--max-logprobs), got {logprobs}",
                        param="top_logprobs" if hasattr(body, "top_logprobs") else "logprobs")
-    extras = [name for name, on in (("presence_penalty", body.presence_penalty),
-                                    ("frequency_penalty", body.frequency_penalty),
-                                    ("logit_bias", body.logit_bias),
-                                    ("logprobs", logprobs is not None)) if on]
-    if extras and settings.no_sampling_extras:
-        raise APIError(400, f"{extras[0]} is not supported by the {settings.no_sampling_extras} "
-                            f"executor this server runs", param=extras[0])
+    if logprobs is not None and settings.no_logprobs:
+        raise APIError(400, f"logprobs are not supported by the {settings.no_logprobs} "
+                            f"executor this server runs",
+                       param="top_logprobs" if hasattr(body, "top_logprobs") else "logprobs")
 
 
 def check_completion(body: CompletionRequest) -> None:

@@ -132,9 +132,9 @@ def serve(args) -> int:
         vocab_size=model.vocab_size, max_queue=args.max_queue or layout.num_slots,
         api_key=args.api_key, max_logprobs=layout.max_logprobs,
         max_logit_bias=layout.max_logit_bias,
-        # the persistent kernel samples on the GPU from the ring alone: no logit adjustments,
-        # no logprobs
-        no_sampling_extras=executor if executor in PERSISTENT_EXECUTORS else None)
+        # the persistent kernel applies penalties and logit_bias from the ring as it samples
+        # (forward_ops.SamplingHistory) but publishes no logprobs
+        no_logprobs=executor if executor in PERSISTENT_EXECUTORS else None)
     logging.basicConfig(level=args.log_level.upper(),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     engine = EngineProcess(folder, engine_config, layout)

@@ -73,6 +73,28 @@ def test_greedy_and_seeded_tokens_equal_the_reference(weights, rng, dispatch):
         assert_all_free(ring, executor)
 
 
+@pytest.mark.parametrize("dispatch", DISPATCHERS)
+def test_penalties_and_logit_bias_equal_the_reference(weights, rng, dispatch):
+    prompts = [rng.integers(3, 64, size=n).tolist() for n in (7, 4, 5)]
+    greedy = reference.generate(weights, [prompts[1]], SamplingParams(temperature=0, max_tokens=1,
+                                                                      ignore_eos=True))[0][0]
+    forced = int(rng.integers(3, 64))
+    params = [SamplingParams(temperature=0, max_tokens=6, ignore_eos=True,
+                             presence_penalty=1.5, frequency_penalty=0.8),
+              SamplingParams(temperature=0, max_tokens=4, ignore_eos=True,
+                             logit_bias=((greedy, -100.0), (forced ^ 1, 2.5))),
+              SamplingParams(temperature=0.8, seed=int(rng.integers(2**31)), max_tokens=5,
+                             ignore_eos=True, frequency_penalty=-0.5,
+                             logit_bias=((forced, 100.0),))]
+    expected = reference.generate(weights, prompts, params, block_size=CONFIG.block_size)
+    assert expected[1][0] != greedy and expected[2] == [forced] * 5  # the bias took effect
+    with running(weights, dispatch=dispatch) as (ring, client, executor):
+        slots = [client.submit(p, q, request_id=i) for i, (p, q) in enumerate(zip(prompts, params))]
+        done = client.collect(slots, TIMEOUT_S)
+        assert [done[s] for s in slots] == [(e, "length") for e in expected]
+        assert_all_free(ring, executor)
+
+
 def test_stop_rules_and_a_bad_payload(weights, rng):
     prompt = rng.integers(3, 64, size=5).tolist()
     free_run = reference.generate(weights, [prompt], SamplingParams(temperature=0, max_tokens=6,
