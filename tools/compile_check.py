@@ -57,6 +57,8 @@ def kernels():
                      arr(F32, 2), types.int64)
     return [
         ("linear_fp16", linear.linear_kernel.py_func, lin(F16)),
+        ("gemv_fp16", linear.gemv_kernel.py_func, lin(F16)),
+        ("batched_matmul_fp16", linear.batched_matmul_kernel.py_func, lin(F16)),
         ("linear_fp32", linear.linear_kernel.py_func, lin(F32)),
         ("paged_attention", attention.paged_attention_kernel.py_func,
          (arr(F32, 2), arr(I32, 1), arr(I32, 1), arr(I32, 2), arr(F32, 6), types.int64,

@@ -31,7 +31,7 @@ from ..backend import get_backend
 from ..config import EngineConfig
 from ..kernels.attention import paged_attention_kernel
 from ..kernels.elementwise import embed_tokens_kernel, swiglu_kernel
-from ..kernels.linear import linear_kernel, linear_work_items
+from ..kernels.linear import linear_kernel_for, linear_work_items
 from ..kernels.reduce import THREADS, cuda, grid_for
 from ..kernels.rope import rope_and_write_kv_kernel
 from ..kernels.sampling import adjust_logits_kernel, sample_rows_kernel
@@ -282,8 +282,8 @@ class EagerExecutor:
         """out (+)= rms_norm?(x[rows]) @ w.T + b (``kernels/linear.py``). A subclass may launch
         another kernel here: the course labs plug a student's GEMV in this way."""
         grid = grid_for(linear_work_items(rows.shape[0], w.shape[0]))
-        linear_kernel[grid, THREADS, self.stream](x, rows, norm, np.float32(self.config.rms_norm_eps),
-                                                  w, b, out, accumulate)
+        linear_kernel_for(rows.shape[0])[grid, THREADS, self.stream](
+            x, rows, norm, np.float32(self.config.rms_norm_eps), w, b, out, accumulate)
 
     def launch_attention(self, qkv, positions, seq_rows, block_tables, layer, out) -> None:
         """Paged attention of layer ``layer`` (``kernels/attention.py``); a subclass may launch

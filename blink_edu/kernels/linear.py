@@ -283,6 +283,26 @@ def linear_kernel(x, x_rows, norm_w, eps, w, bias, out, accumulate):
     linear(x, x_rows, norm_w, eps, w, bias, out, accumulate, cuda.blockIdx.x, cuda.gridDim.x)
 
 
+@cuda.jit
+def gemv_kernel(x, x_rows, norm_w, eps, w, bias, out, accumulate):
+    gemv(x, x_rows, norm_w, eps, w, bias, out, accumulate, cuda.blockIdx.x, cuda.gridDim.x)
+
+
+@cuda.jit
+def batched_matmul_kernel(x, x_rows, norm_w, eps, w, bias, out, accumulate):
+    batched_matmul(x, x_rows, norm_w, eps, w, bias, out, accumulate, cuda.blockIdx.x,
+                   cuda.gridDim.x)
+
+
+def linear_kernel_for(num_rows: int):
+    """The kernel a host launches for ``linear`` over ``num_rows`` rows: the same choice as
+    ``linear`` makes, made before the launch. A kernel's registers and static shared memory are
+    those of everything it may run: with the tensor-core tile inside, a decode GEMV could keep
+    only two blocks an SM resident (measured on the H200: the batch-1 step 7% slower, batch 8
+    11%), so the GEMV gets a kernel of its own."""
+    return gemv_kernel if num_rows <= GEMV_MAX_ROWS else batched_matmul_kernel
+
+
 def linear_work_items(num_rows: int, out_features: int) -> int:
     """How many work items ``linear`` has (to size the grid; for more than GEMV_MAX_ROWS rows,
     the FMA tile's count, which bounds the tensor-core tile's: its tiles are larger)."""
