@@ -31,7 +31,7 @@ from .reduce import NEG_INF, THREADS, block_max, block_sum, cuda
 
 UNROLL = 8  # loads each thread has in flight in the inner loops
 KEY_LOADS = 8  # wide loads of one key in flight at once: a whole 64-dim key, half a 128-dim one
-PARTS = THREADS * VEC  # wide path: (THREADS / (E / 8)) position groups x E partial sums
+PARTS = THREADS * VEC  # (THREADS / (E / 8)) position groups x E partial sums, at most
 
 
 @cuda.jit(device=True, inline=True)
@@ -99,7 +99,7 @@ def paged_attention(qkv, positions, seq_rows, block_tables, kv_pool, layer, num_
     q = cuda.shared.array(THREADS, float32)  # this item's query vector (E <= THREADS)
     weights = cuda.shared.array(THREADS, float32)  # exp(score - m) of the current chunk
     scratch = cuda.shared.array(THREADS, float32)
-    parts = cuda.shared.array(PARTS, float32)  # wide: each position group's (E,) partial sums
+    parts = cuda.shared.array(PARTS, float32)  # each thread group's (E,) partial sums
     acc8 = cuda.local.array(VEC, float32)
     for item in range(block, qkv.shape[0] * num_heads, n_blocks):
         t, h = item // num_heads, item % num_heads
@@ -142,24 +142,18 @@ def paged_attention(qkv, positions, seq_rows, block_tables, kv_pool, layer, num_
                                                         c2 % B, kvh, e_own]
             m = m_new
             cuda.syncthreads()
-        if wide:
+        if wide:  # every group's (E,) partial sums side by side in ``parts``, then added
             if pg < pgroups:
                 for d in range(VEC):
                     parts[pg * E + sl * VEC + d] = acc8[d]
-            cuda.syncthreads()
-            if tid < E:
-                value = float32(0)
-                for j in range(pgroups):
-                    value += parts[j * E + tid]
-                out[t, h * E + tid] = value / total
-        else:
-            scratch[tid] = acc if g < n_groups else float32(0)
-            cuda.syncthreads()
-            if tid < E:
-                value = float32(0)
-                for j in range(n_groups):
-                    value += scratch[j * E + tid]
-                out[t, h * E + tid] = value / total
+        elif g < n_groups:
+            parts[g * E + e_own] = acc
+        cuda.syncthreads()
+        if tid < E:
+            value = float32(0)
+            for j in range(pgroups if wide else n_groups):
+                value += parts[j * E + tid]
+            out[t, h * E + tid] = value / total
         cuda.syncthreads()
 
 

@@ -6,19 +6,19 @@ to move the 3.5 MB of a gate/up matrix the GPU then executes ~1.8 million load i
 and at batch 1 there is too little else in flight to hide their latency. The fix every fast GEMV
 uses is the vector load: ``ld.global.v4.u32`` moves 16 bytes — eight float16 weights — at once.
 
-Numba has no vector-typed arrays, so ``load8(a, row, col)`` is a small ``@intrinsic``: it emits
-LLVM IR that takes the address of ``a[row, col]``, reinterprets it as a pointer to 16-byte
+Numba has no vector-typed arrays, so ``load8_at(a, (i, ..., col))`` is a small ``@intrinsic``: it
+emits LLVM IR that takes the address of ``a[i, ..., col]``, reinterprets it as a pointer to 16-byte
 words (``<4 x i32>``), loads one word (float16: eight numbers) or two (float32) with 16-byte
 alignment and turns each 32-bit piece into float32 — a bit cast for float32, and for a pair of
 float16 halves two ``cvt.f32.f16`` in a line of inline PTX. The NVVM compiler makes each word
-one ``ld.global.v4.u32``. ``load8_1d(a, col)`` is the
-same for a vector, ``load8_at(a, (i, j, ..., col))`` for an array of any rank (the KV pool).
+one ``ld.global.v4.u32``. ``load8(w, row, col)`` (a matrix) and ``load8_1d(v, col)`` (a
+vector) are the two shapes the GEMV uses; attention reads the 6-d KV pool with ``load8_at``.
 
 The contract: ``col`` is a multiple of 8 and every row of ``a`` starts 16-byte aligned — true
 when the row length is a multiple of 8 elements (device allocations are 256-byte aligned). The
 callers check ``I % 8 == 0`` once and otherwise take their element-at-a-time loop.
 
-In Numba's CUDA simulator there is no LLVM and no PTX: ``load8`` is a plain Python function
+In Numba's CUDA simulator there is no LLVM and no PTX: ``load8_at`` is a plain Python function
 returning the same eight float32 values, so every caller runs unchanged there.
 """
 
@@ -29,14 +29,6 @@ import numpy as np
 from .reduce import SIMULATOR, cuda
 
 VEC = 8  # elements per wide load
-
-
-def _sim_load8(a, row, col):
-    return tuple(np.float32(a[row, col + k]) for k in range(VEC))
-
-
-def _sim_load8_1d(a, col):
-    return tuple(np.float32(a[col + k]) for k in range(VEC))
 
 
 def _sim_load8_at(a, index):
@@ -85,30 +77,6 @@ def _gpu_loads():
             raise TypeError(f"load8 takes a float16 or float32 array, not {a}")
 
     @intrinsic
-    def load8(typingctx, a, row, col):
-        check(a)
-        sig = types.UniTuple(types.float32, VEC)(a, row, col)
-
-        def codegen(context, builder, signature, args):
-            vals = vector_load(context, builder, signature.args[0], args[0], args[1:],
-                               signature.args[1:])
-            return context.make_tuple(builder, signature.return_type, vals)
-
-        return sig, codegen
-
-    @intrinsic
-    def load8_1d(typingctx, a, col):
-        check(a)
-        sig = types.UniTuple(types.float32, VEC)(a, col)
-
-        def codegen(context, builder, signature, args):
-            vals = vector_load(context, builder, signature.args[0], args[0], args[1:],
-                               signature.args[1:])
-            return context.make_tuple(builder, signature.return_type, vals)
-
-        return sig, codegen
-
-    @intrinsic
     def load8_at(typingctx, a, index):
         check(a)
         if (not isinstance(index, types.BaseTuple) or len(index) != a.ndim
@@ -124,14 +92,20 @@ def _gpu_loads():
 
         return sig, codegen
 
-    return load8, load8_1d, load8_at
+    return load8_at
 
 
-if SIMULATOR:
-    load8 = cuda.jit(device=True)(_sim_load8)
-    load8_1d = cuda.jit(device=True)(_sim_load8_1d)
-    load8_at = cuda.jit(device=True)(_sim_load8_at)
-else:
-    # load8(a, row, col) / load8_1d(a, col) / load8_at(a, (i, j, ..., col)): the 8 elements
-    # a[row, col:col + 8] / a[col:col + 8] / a[i, j, ..., col:col + 8] as 8 float32.
-    load8, load8_1d, load8_at = _gpu_loads()
+# load8_at(a, (i, j, ..., col)): the 8 elements a[i, j, ..., col:col + 8] as 8 float32.
+load8_at = cuda.jit(device=True)(_sim_load8_at) if SIMULATOR else _gpu_loads()
+
+
+@cuda.jit(device=True, inline=True)
+def load8(a, row, col):
+    """a[row, col:col + 8] of a matrix as 8 float32."""
+    return load8_at(a, (row, col))
+
+
+@cuda.jit(device=True, inline=True)
+def load8_1d(a, col):
+    """a[col:col + 8] of a vector as 8 float32."""
+    return load8_at(a, (col,))
