@@ -53,8 +53,8 @@ LAB_CHECK = [REPO / "blink_edu/labs/__main__.py", REPO / "blink_edu/labs/grading
 BASE_COMMANDS = [REPO / "blink_edu/serve/__main__.py", REPO / "blink_edu/serve/launcher.py",
                  REPO / "blink_edu/serve/app.py", REPO / "blink_edu/generate.py",
                  REPO / "blink_edu/llm.py",
-                 *sorted(p for p in (REPO / "blink_edu/bench").glob("*.py")
-                         if p.name != "__init__.py")]
+                 *sorted(p for p in (REPO / "blink_edu/bench").glob("*.py")  # the runnable ones
+                         if p.name != "__init__.py" and "__main__" in p.read_text())]
 COMMANDS = {
     "": BASE_COMMANDS,  # pip install -e .
     "book": CHAPTERS,  # pip install -e '.[book]' && python tools/build_book.py
