@@ -26,6 +26,7 @@ import math
 
 from numba import float32
 
+from . import loads
 from .loads import VEC, load8_at
 from .reduce import NEG_INF, THREADS, block_max, block_sum, cuda
 
@@ -38,7 +39,7 @@ PARTS = THREADS * VEC  # (THREADS / (E / 8)) position groups x E partial sums, a
 def score_of(q, kv_pool, blk, layer, slot, kvh, E):
     """q . k for the key in ``kv_pool[blk, layer, 0, slot, kvh, :]`` (q in shared memory)."""
     score = float32(0)
-    if E % VEC == 0:  # wide loads, 8 dims each, KEY_LOADS of them in flight at once
+    if loads.WIDE_LOADS and E % VEC == 0:  # wide loads, 8 dims each, KEY_LOADS in flight
         for e0 in range(0, E, VEC * KEY_LOADS):
             for u in range(KEY_LOADS):  # a small constant trip count: unrolled
                 e = e0 + u * VEC
@@ -90,7 +91,7 @@ def paged_attention(qkv, positions, seq_rows, block_tables, kv_pool, layer, num_
     E = kv_pool.shape[5]
     group = num_heads // num_kv_heads
     scale = float32(1) / math.sqrt(float32(E))
-    wide = E % VEC == 0  # values in wide loads: a thread owns 8 dims of a position
+    wide = loads.WIDE_LOADS and E % VEC == 0  # values in wide loads: 8 dims a thread
     n_groups = THREADS // E  # narrow: thread groups sharing the V accumulation, E threads each
     g, e_own = tid // E, tid % E  # this thread's group and output dimension
     slices = E // VEC  # wide: threads a position, 8 dims each

@@ -38,6 +38,7 @@ import numpy as np
 from numba import float32
 
 from ..backend import get_backend
+from . import loads
 from .loads import VEC, load8, load8_1d
 from .matmul_tc import store_output, tc_matmul
 from .reduce import THREADS, block_sum, cuda, warp_sum
@@ -126,7 +127,7 @@ def gemv(x, x_rows, norm_w, eps, w, bias, out, accumulate, block, n_blocks):
     R = x_rows.shape[0]
     O, I = w.shape
     lane = tid % LANES
-    wide = I % VEC == 0  # every row 16-byte aligned: wide loads
+    wide = loads.WIDE_LOADS and I % VEC == 0  # every row 16-byte aligned: wide loads
     inv = cuda.shared.array(GEMV_MAX_ROWS, float32)
     scratch = cuda.shared.array(THREADS, float32)
     for r in range(R):  # per-token norm scales, computed once per block (not once per row)

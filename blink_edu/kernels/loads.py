@@ -29,6 +29,12 @@ import numpy as np
 from .reduce import SIMULATOR, cuda
 
 VEC = 8  # elements per wide load
+# Whether the kernels take their wide-load paths. Always on a GPU. In the simulator every wide
+# load is a few Python device-function calls a thread, which made an executor's step there
+# several times slower than element-at-a-time indexing: off by default, and the kernel tests
+# turn it on (``tests/kernels``) so that the simulator still checks the wide paths' indexing.
+# Read when a kernel runs in the simulator, and when it compiles on a GPU.
+WIDE_LOADS = not SIMULATOR
 
 
 def _sim_load8_at(a, index):
