@@ -5,6 +5,7 @@
 # Logs and results land in $OUT (results via BLINK_EDU_RESULTS_DIR). On the device machine:
 #   BLINK_EDU_COMMIT=<sha> bash tools/gpu_session.sh kernels
 #   BLINK_EDU_COMMIT=<sha> bash tools/gpu_session.sh serving
+#   bash tools/gpu_session.sh profile    # Nsight Compute on one layer of a decode step
 # The server's packages (fastapi, starlette, uvicorn, pydantic and their needs) are not on the GPU
 # machine: fetch them here as cp312 wheels into .whl/ (git-ignored) and carry .whl with the call:
 #   python3 -m pip download --no-deps --only-binary=:all: --python-version 3.12 \
@@ -36,5 +37,12 @@ cp bench/results/slo.json "$OUT/slo.json"  # --real merges into the simulator's 
 timeout 420 python3 -m blink_edu.bench.slo --real --executor graph --rates auto --num-requests 200 \
   --policies fcfs,lvf,waiting-first,swapped-first --out "$OUT" --no-progress 2>&1 | tail -12
 ;;
-*) echo "usage: $0 kernels|serving" >&2; exit 2 ;;
+profile)  # one layer of a 135M batch-1 decode step under Nsight Compute, stall reasons included
+timeout 200 ncu --clock-control none --launch-skip 427 --launch-count 7 \
+  --section LaunchStats --section Occupancy --section SpeedOfLight --section WarpStateStats \
+  --section SchedulerStats --section MemoryWorkloadAnalysis --section SourceCounters \
+  python3 tools/profile_decode_step.py --steps 1 > "$OUT/ncu_layer.txt" 2>&1
+grep -E "Context 1|Duration|Registers Per|Achieved Occ|Warp Cycles Per Issued|DRAM Throughput|stalled|Grid Size" "$OUT/ncu_layer.txt" | head -80
+;;
+*) echo "usage: $0 kernels|serving|profile" >&2; exit 2 ;;
 esac

@@ -1,8 +1,12 @@
 """Profile one decode step of the eager executor on a GPU, kernel by kernel (for Nsight Compute).
 
     python tools/profile_decode_step.py [--model 135m|bundled] [--steps N]
-    ncu --clock-control none -k regex:'linear|attention' --launch-skip K --launch-count C \
+    ncu --clock-control none --launch-skip K --launch-count C \
         python tools/profile_decode_step.py
+
+A step of the eager executor launches ``forward_ops.num_ops(L)`` kernels (213 for 135M), and the
+prefill and the first decode step come before the timed steps: ``--launch-skip 427
+--launch-count 7`` profiles one layer of the second decode step (``tools/gpu_session.sh profile``).
 
 Builds the eager executor on the SmolLM2-135M shape (random fp16 weights) or the bundled model,
 prefills a 16-token prompt and runs ``--steps`` batch-1 decode steps. Before the steps it prints
@@ -46,7 +50,7 @@ def main() -> None:
     run.step()
     run.step()
     from blink_edu.kernels import attention, elementwise, linear, rope, sampling
-    for kernel in (linear.linear_kernel, attention.paged_attention_kernel,
+    for kernel in (linear.gemv_kernel, attention.paged_attention_kernel,
                    rope.rope_and_write_kv_kernel, elementwise.swiglu_kernel,
                    sampling.sample_rows_kernel):
         compiled_report(kernel)
