@@ -288,7 +288,7 @@ PUBLISHED_RESULTS_DIR = Path(__file__).resolve().parents[1] / "bench" / "results
 
 
 # "persistent": Blink's scheduler kernel, the forward pass inline; "persistent-graph": the same
-# kernel launching a CUDA graph per step from the GPU (engine/graph_dispatch.py).
+# kernel launching a CUDA graph per step from the GPU (executors/graph_dispatch.py).
 EXECUTORS = ("auto", "reference", "eager", "graph", "persistent", "persistent-graph")
 PERSISTENT_EXECUTORS = ("persistent", "persistent-graph")
 POLICY_NAMES = ("fcfs", "lvf", "waiting-first", "swapped-first")  # sched/policies.py's POLICIES

@@ -4,7 +4,8 @@ inside functions too): each part imports only its own layer and the ones below i
     config, backend, latency                         (no blink_edu imports but each other)
       <- kernels                                     (arrays in, arrays out)
       <- model, kv, ring, sched, sim                 (sim: a policy against a cost model)
-      <- engine                                      (the host engine and its executors)
+      <- executors                                   (run a step: NumPy, kernels, the persistent kernel)
+      <- engine                                      (the host engine: scheduler, step loop, process)
       <- serve, labs, bench, viz, llm, generate      (what a user runs)
 
 and, within the top layer: the server's frontend never imports the engine (only its launcher
@@ -21,7 +22,7 @@ import pytest
 
 PACKAGE = Path(__file__).resolve().parents[1] / "blink_edu"
 LAYERS = [{"config", "backend", "latency"}, {"kernels"}, {"model", "kv", "ring", "sched", "sim"},
-          {"engine"}, {"serve", "labs", "bench", "viz", "llm", "generate"}]
+          {"executors"}, {"engine"}, {"serve", "labs", "bench", "viz", "llm", "generate"}]
 RANK = {part: rank for rank, parts in enumerate(LAYERS) for part in parts}
 
 
@@ -79,9 +80,10 @@ def test_no_module_imports_a_higher_layer():
 
 
 @pytest.mark.parametrize("importer, forbidden", [
-    ("sim", {"engine", "bench", "serve", "labs"}),
+    ("sim", {"engine", "executors", "bench", "serve", "labs"}),
     ("serve", {"bench", "labs", "viz"}),
     ("engine", {"serve", "bench", "labs", "sim", "viz"}),
+    ("executors", {"engine", "serve", "bench", "labs", "sim", "viz"}),
     ("labs", {"bench"}),
 ])
 def test_a_part_never_imports_these(importer, forbidden):

@@ -78,7 +78,7 @@ def kernels():
 ARGUMENTS_OF_THE_PERSISTENT_KERNELS = """
 import json, numpy as np
 from blink_edu.config import EngineConfig
-from blink_edu.engine.persistent import PersistentExecutor
+from blink_edu.executors.persistent import PersistentExecutor
 from blink_edu.model.micro import micro_weights
 from blink_edu.ring import Ring, RingLayout
 layout = RingLayout(num_slots=8, max_prompt_tokens=16, max_output_tokens=8)
@@ -117,7 +117,7 @@ def persistent_kernel_types() -> dict[str, tuple]:
 
     def numba_type(dtype, ndim):
         if dtype == "group":
-            from blink_edu.engine.forward_ops import SamplingHistory
+            from blink_edu.executors.forward_ops import SamplingHistory
             return types.NamedTuple([numba_type(*d) for d in ndim], SamplingHistory)
         return scalars[dtype] if ndim is None else arr(numpy_support.from_dtype(np.dtype(dtype)), ndim)
 
@@ -126,7 +126,7 @@ def persistent_kernel_types() -> dict[str, tuple]:
 
 
 def persistent_kernels():
-    from blink_edu.engine import forward_ops, persistent_kernel
+    from blink_edu.executors import forward_ops, persistent_kernel
     sigs = persistent_kernel_types()
     return [("persistent_inline", persistent_kernel.persistent_scheduler_kernel.py_func,
              sigs["persistent"]),

@@ -23,7 +23,7 @@ mkdir -p "$OUT"
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
 case "${1:-kernels}" in
 kernels)
-timeout 150 bash tools/run_gpu_tests.sh tests/kernels tests/engine tests/kv tests/sched \
+timeout 150 bash tools/run_gpu_tests.sh tests/kernels tests/executors tests/engine tests/kv tests/sched \
   2>&1 | grep -v Warn | tee "$OUT/gpu_tests.log" | tail -8
 timeout 240 python3 -m blink_edu.bench.persistent --hog-seconds 20 2>&1 | tee "$OUT/persistent.log" | tail -16
 timeout 80 python3 -m blink_edu.bench.kv_transfer --budget-s 55 2>&1 | tee "$OUT/kv_transfer.log" | tail -16

@@ -21,7 +21,7 @@ import numpy as np
 
 from blink_edu.bench.decode import SMOLLM2_135M, DecodeRun
 from blink_edu.config import EngineConfig, ModelConfig
-from blink_edu.engine.kernel_executor import EagerExecutor
+from blink_edu.executors.kernel_executor import EagerExecutor
 from blink_edu.model.bundled import resolve_model_dir
 from blink_edu.model.weights import load_weights, random_weights
 

@@ -25,8 +25,8 @@ from pathlib import Path
 import numpy as np
 
 from ..config import EngineConfig, ModelConfig
-from ..engine.kernel_executor import EagerExecutor, GraphExecutor
-from ..engine.step import pack_step
+from ..executors.kernel_executor import EagerExecutor, GraphExecutor
+from ..executors.step import pack_step
 from ..kernels.linear import TENSOR_CORES
 from ..config import SamplingParams
 from ..kv.block_manager import BlockManager

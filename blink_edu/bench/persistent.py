@@ -7,7 +7,7 @@ Blink §5 (CPU interference) and §7; docs/design.md §9 (making the experiments
 2. **submit-to-claim** — ``claim_ns - arrival_ns`` of single requests (median, P99);
 3. **TTFT and TPOT** at batch 1, 8 and 64 for the eager and graph executors and the persistent
    kernel with both dispatchers (``persistent``: inline; ``persistent-graph``: a forward graph
-   launched from the GPU each step, ``engine/graph_dispatch.py``), all fed
+   launched from the GPU each step, ``executors/graph_dispatch.py``), all fed
    through the same ring by the same frontend (this process's main thread), timestamps written by
    the engine (the GPU clock for the persistent kernel, lined up with the host's);
 4. the same under a **CPU hog**: one busy process per core on every core but the frontend's (where
@@ -80,7 +80,7 @@ class Persistent:
     "persistent@N" (inline, N blocks) or "persistent-graph" (device-graph dispatch)."""
 
     def __init__(self, name, weights, engine_config, ring, eos):
-        from ..engine.persistent import PersistentExecutor
+        from ..executors.persistent import PersistentExecutor
         from ..engine.llm_engine import kernel_weight_dtype
 
         self.name = name

@@ -21,9 +21,9 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ..config import SamplingParams
-from ..engine.executor import Executor
+from ..executors.protocol import Executor
 from ..engine.llm_engine import LLMEngine
-from ..engine.step import StepBatch
+from ..executors.step import StepBatch
 from ..sim.calibrate import Iteration
 from ..sim.workload import RequestSpec
 

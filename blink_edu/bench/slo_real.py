@@ -62,7 +62,7 @@ from dataclasses import asdict, dataclass, replace
 import numpy as np
 
 from ..config import EngineConfig, resolve_executor
-from ..engine.executor import Executor
+from ..executors.protocol import Executor
 from ..engine.llm_engine import LLMEngine, make_executor
 from ..kv.block_manager import blocks_needed
 from ..kv.pool import block_nbytes

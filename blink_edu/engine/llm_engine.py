@@ -31,8 +31,8 @@ from ..config import PERSISTENT_EXECUTORS, EngineConfig, SamplingParams, resolve
 from ..kv.rotation import make_rotation_engine
 from ..model.sampling import TokenLogprobs, token_logprobs
 from ..model.weights import ModelWeights, load_weights
-from .executor import Executor
-from .reference_executor import ReferenceExecutor
+from ..executors.protocol import Executor
+from ..executors.reference_executor import ReferenceExecutor
 from .scheduler import Scheduler
 from .sequence import Sequence
 
@@ -63,7 +63,7 @@ def make_executor(name: str, weights: ModelWeights, engine_config: EngineConfig)
     if name == "reference":
         return ReferenceExecutor(weights, engine_config.num_kv_blocks, engine_config.block_size)
     if name in ("eager", "graph"):
-        from .kernel_executor import EagerExecutor, GraphExecutor
+        from ..executors.kernel_executor import EagerExecutor, GraphExecutor
 
         warn_if_simulated(name, weights.config.num_parameters())
         cls = EagerExecutor if name == "eager" else GraphExecutor

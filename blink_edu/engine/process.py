@@ -25,7 +25,7 @@ from dataclasses import replace
 from ..config import PERSISTENT_EXECUTORS, resolve_executor
 from ..ring.control import EngineStatsBoard, stop_requested
 from ..ring.layout import Ring
-from .executor import RingExecutor
+from ..executors.protocol import RingExecutor
 
 
 def run_engine(ring_name: str, model_dir: str, engine_config, idle_sleep_s: float = 1e-4,
@@ -78,7 +78,7 @@ def run_persistent(ring, model_dir, engine_config, eos, board, parent, dispatch:
     from ..backend import describe, warn_if_simulated
     from ..model.weights import load_weights
     from .llm_engine import EngineStats, kernel_weight_dtype
-    from .persistent import PersistentExecutor
+    from ..executors.persistent import PersistentExecutor
 
     weights = load_weights(model_dir)
     warn_if_simulated("persistent", weights.config.num_parameters())

@@ -58,7 +58,7 @@ from ..kv.block_manager import COPY_OUT, BlockManager, blocks_needed
 from ..kv.host_store import OutOfHostBlocks
 from .sequence import Sequence, SequenceStatus
 from .policy_step import run_policy
-from .step import StepBatch, pack_step
+from ..executors.step import StepBatch, pack_step
 
 
 class Scheduler:

@@ -270,7 +270,7 @@ def linear(x, x_rows, norm_w, eps, w, bias, out, accumulate, block, n_blocks):
 @cuda.jit(device=True)
 def linear_in_megakernel(x, x_rows, norm_w, eps, w, bias, out, accumulate, block, n_blocks):
     """``linear`` for a kernel that runs *every* op of a step (the persistent kernel's forward and
-    its device-graph nodes, ``engine/forward_ops.py``): the GEMV, and the FMA tile for more rows.
+    its device-graph nodes, ``executors/forward_ops.py``): the GEMV, and the FMA tile for more rows.
     Static shared memory is per kernel (48 KB) and every op's arrays add up in it; the
     tensor-core tile's double-buffered tiles (~28 KB) do not fit beside the others there."""
     if x_rows.shape[0] <= GEMV_MAX_ROWS:

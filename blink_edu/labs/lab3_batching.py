@@ -5,7 +5,7 @@ Read first: ``notebooks/labs/lab3_batching.ipynb`` and the docstring of
 
     python -m blink_edu.labs check 3
 
-Every engine step runs ONE flat batch of tokens (``engine/step.py``): one token for each sequence
+Every engine step runs ONE flat batch of tokens (``executors/step.py``): one token for each sequence
 that is decoding, plus prompt chunks — "inline prefill", no separate prefill step — and at most
 ``max_num_batched_tokens`` tokens in all (the *budget*). Your functions decide who runs and how
 many tokens each; ``blink_edu.labs.plug.lab3.LabScheduler`` calls them once per step, inside

@@ -11,7 +11,7 @@ from blink_edu.kernels.elementwise import embed_tokens_kernel, swiglu_kernel
 from blink_edu.kernels.linear import GEMV_MAX_ROWS, linear_kernel, linear_work_items
 from blink_edu.kernels.reduce import THREADS, block_exclusive_sum, cuda, grid_for
 from blink_edu.kernels.rope import rope_and_write_kv_kernel
-from blink_edu.engine.step import pack_adjustments
+from blink_edu.executors.step import pack_adjustments
 from blink_edu.kernels.sampling import (adjust_logits_kernel, adjust_row_from_history,
                                         sample_rows_kernel)
 from blink_edu.kernels.sampling import uniform as ks_uniform

@@ -16,7 +16,7 @@ from blink_edu.bench.slo_real import LENGTHS, PREDICTED
 from blink_edu.config import EngineConfig, SamplingParams
 from blink_edu.engine import llm_engine, scheduler, sequence
 from blink_edu.engine.llm_engine import LLMEngine, StepOutput
-from blink_edu.engine.reference_executor import ReferenceExecutor
+from blink_edu.executors.reference_executor import ReferenceExecutor
 from blink_edu.model.micro import micro_weights
 from blink_edu.sched.policies import make_policy
 from blink_edu.sched.vlt import RotaSchedConfig

@@ -13,7 +13,7 @@ import numpy as np
 
 from .. import implementation, require
 from ...config import EngineConfig, ModelConfig, SamplingParams
-from ...engine.kernel_executor import EagerExecutor
+from ...executors.kernel_executor import EagerExecutor
 from ...engine.llm_engine import LLMEngine
 from ...kernels.reduce import THREADS, cuda
 from ...model.weights import random_weights

@@ -18,7 +18,7 @@ from ...config import EngineConfig, ModelConfig, SamplingParams
 from ...engine.llm_engine import LLMEngine
 from ...engine.scheduler import Scheduler
 from ...engine.sequence import Sequence, SequenceStatus
-from ...engine.step import StepBatch, pack_step
+from ...executors.step import StepBatch, pack_step
 from ...model.weights import random_weights
 
 MICRO = dict(model_type="llama", vocab_size=64, hidden_size=32, intermediate_size=48,

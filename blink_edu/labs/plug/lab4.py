@@ -18,7 +18,7 @@ import numpy as np
 from .. import implementation, require
 from ...config import EngineConfig, ModelConfig, SamplingParams
 from ...engine.llm_engine import LLMEngine
-from ...engine.reference_executor import ReferenceExecutor
+from ...executors.reference_executor import ReferenceExecutor
 from ...engine.scheduler import Scheduler
 from ...kv.block_manager import BlockManager
 from ...kv.host_store import HostKVStore

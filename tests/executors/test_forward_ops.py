@@ -1,5 +1,5 @@
-"""The forward pass as an op list (engine/forward_ops.py) and the device-graph dispatcher's host
-side (engine/graph_dispatch.py): the order every dispatcher runs, the grids a graph is captured
+"""The forward pass as an op list (executors/forward_ops.py) and the device-graph dispatcher's host
+side (executors/graph_dispatch.py): the order every dispatcher runs, the grids a graph is captured
 with, the token buckets. (The ops themselves run against the reference in test_persistent.py.)"""
 
 from __future__ import annotations
@@ -7,8 +7,8 @@ from __future__ import annotations
 import pytest
 
 from blink_edu.config import ModelConfig
-from blink_edu.engine import forward_ops as fo
-from blink_edu.engine.graph_dispatch import token_buckets
+from blink_edu.executors import forward_ops as fo
+from blink_edu.executors.graph_dispatch import token_buckets
 from blink_edu.kernels.linear import linear_work_items
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from blink_edu.config import EngineConfig, SamplingParams
-from blink_edu.engine.kernel_executor import BucketTable
+from blink_edu.executors.kernel_executor import BucketTable
 from blink_edu.engine.llm_engine import LLMEngine
 from blink_edu.model import reference as ref
 from blink_edu.model.weights import load_weights

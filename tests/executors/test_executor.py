@@ -1,4 +1,4 @@
-"""Every executor class has what ``engine/executor.py`` declares: the host-driven ones are
+"""Every executor class has what ``executors/protocol.py`` declares: the host-driven ones are
 ``Executor``s (what ``LLMEngine`` and the benchmarks call), the persistent kernel is a
 ``RingExecutor``; and nothing that lacks a member passes for one."""
 
@@ -12,11 +12,11 @@ import pytest
 from blink_edu.backend import get_backend
 from blink_edu.bench.replay import BatchRecorder
 from blink_edu.config import EngineConfig
-from blink_edu.engine.executor import Executor, RingExecutor
-from blink_edu.engine.kernel_executor import EagerExecutor, GraphExecutor
+from blink_edu.executors.protocol import Executor, RingExecutor
+from blink_edu.executors.kernel_executor import EagerExecutor, GraphExecutor
 from blink_edu.engine.llm_engine import make_executor
-from blink_edu.engine.persistent import PersistentExecutor
-from blink_edu.engine.reference_executor import ReferenceExecutor
+from blink_edu.executors.persistent import PersistentExecutor
+from blink_edu.executors.reference_executor import ReferenceExecutor
 from blink_edu.model.micro import micro_weights
 from blink_edu.ring import Ring, RingLayout
 

@@ -17,8 +17,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from blink_edu.config import EngineConfig, SamplingParams
-from blink_edu.engine import persistent_kernel as pk
-from blink_edu.engine.persistent import PersistentExecutor
+from blink_edu.executors import persistent_kernel as pk
+from blink_edu.executors.persistent import PersistentExecutor
 from blink_edu.model import reference
 from blink_edu.model.micro import micro_weights
 from blink_edu.ring import EMPTY, Ring, RingClient, RingLayout
@@ -149,7 +149,7 @@ def test_frontend_threads_submit_and_cancel(weights, data):
 def test_device_graph_dispatch_relaunches_itself_and_keeps_the_tokens(weights, rng):
     """Waves of requests run for more steps than one execution of the scheduler graph may launch
     forward graphs (graph_dispatch.MAX_LAUNCHES): it must tail-launch itself and carry on."""
-    from blink_edu.engine.graph_dispatch import MAX_LAUNCHES
+    from blink_edu.executors.graph_dispatch import MAX_LAUNCHES
 
     greedy = SamplingParams(temperature=0, max_tokens=LAYOUT.max_output_tokens, ignore_eos=True)
     waves = [[rng.integers(3, 64, size=int(rng.integers(1, 12))).tolist() for _ in range(6)]

@@ -382,7 +382,7 @@ def seed_of(seed, slot):
     return int64(lowbias32(globaltimer_ns() ^ int64(slot)))
 
 
-# --- C: forward (every block): engine/forward_ops.py ------------------------------------------
+# --- C: forward (every block): executors/forward_ops.py ------------------------------------------
 
 
 # --- D: publish (block 0) -----------------------------------------------------------------------

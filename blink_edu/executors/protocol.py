@@ -16,7 +16,7 @@ calls this part the ModelRunner; vLLM v1 its executor and worker. Two kinds shar
 
 Declared as ``typing.Protocol``s, so an executor needs no base class: a lab's executor, or a
 benchmark's wrapper (``bench.replay.BatchRecorder``), is one as soon as it has these members.
-``tests/engine/test_executor.py`` checks that every executor class has them.
+``tests/executors/test_executor.py`` checks that every executor class has them.
 """
 
 from __future__ import annotations
