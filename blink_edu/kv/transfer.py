@@ -19,6 +19,8 @@ of consecutive host blocks is *one* copy (``copy_sizes`` records them: the chapt
   assignments. With ``delay=k`` a copy lands ``k`` ticks after it was issued, and the bytes move
   *when it lands*: a block reused or read too early then shows up as wrong bytes (or tokens).
   The property tests rely on that to make "nothing is overwritten while in flight" checkable.
+  With ``plan=`` a function of yours cuts each ticket into copies (``Transport`` says how): Lab 4
+  plugs its ``plan_batched_copy`` in there.
 * ``DeviceTransport`` — the kernel executors' pool is a device array. Each direction is a *lane*:
   its own non-blocking stream, a device staging buffer (>= 8 MiB by default), the gather/scatter
   kernel of ``kernels/kv_layout.py`` and one ``cudaMemcpyAsync`` per host run; an event marks the
@@ -66,10 +68,23 @@ class Ticket:
 
 
 class Transport:
-    """What both transports share: the tickets in flight, in issue order, and their landing."""
+    """What all transports share: the tickets in flight, in issue order, and their landing.
 
-    def __init__(self, row_bytes: int):
+    The extension point is ``plan``, a constructor argument (``NumpyTransport`` takes it; the GPU
+    transports cut their own copies): a function that decides which copies a ticket issues, as
+    Lab 4's ``plan_batched_copy`` does. It is called once per ticket, when ``copy_out`` or
+    ``copy_in`` issues it, as ``plan(gpu_blocks, host_blocks)``: two (n,) int32 arrays that pair
+    GPU block ``gpu_blocks[i]`` with host block ``host_blocks[i]``. It must return the copies,
+    ``[(first_host_block, [gpu blocks]), ...]``, where ``(h, [g0, g1, ...])`` is ONE copy between
+    GPU blocks g0, g1, ... and host blocks h, h+1, ...; together they name every pair exactly
+    once. The ticket then holds the pairs in the plan's order and one ``copy_sizes`` entry per
+    copy. Without a plan (``None``) the pairs are sorted by host block and cut into runs of
+    consecutive host blocks.
+    """
+
+    def __init__(self, row_bytes: int, plan=None):
         self.row_bytes = row_bytes  # bytes per block
+        self.plan = plan
         self.in_flight: list[Ticket] = []
 
     def copy_out(self, gpu_blocks, host_blocks, after=()) -> Ticket:
@@ -79,15 +94,22 @@ class Transport:
         return self._issue(COPY_IN, gpu_blocks, host_blocks, after)
 
     def _issue(self, direction, gpu_blocks, host_blocks, after) -> Ticket:
-        gpu, host = np.asarray(gpu_blocks, np.int32), np.asarray(host_blocks, np.int32)  # (n,)
-        order = np.argsort(host, kind="stable")
-        gpu, host = gpu[order], host[order]
-        runs = consecutive_runs(host)
+        gpu, host, runs = self._pairs_and_runs(gpu_blocks, host_blocks)
         ticket = Ticket(direction, gpu, host, nbytes=len(gpu) * self.row_bytes,
                         copy_sizes=self._copy_sizes(runs), after=[t for t in after if not t.landed])
         self._start(ticket, runs)
         self.in_flight.append(ticket)
         return ticket
+
+    def _pairs_and_runs(self, gpu_blocks, host_blocks):
+        """A ticket's (gpu, host) pairs in copy order, (n,) int32 each, and its runs
+        ``[(offset into the pairs, count)]``: the plan's, or (no plan) sorted by host block."""
+        gpu, host = np.asarray(gpu_blocks, np.int32), np.asarray(host_blocks, np.int32)  # (n,)
+        if self.plan is not None:
+            return pairs_of_plan(self.plan(gpu, host))
+        order = np.argsort(host, kind="stable")
+        gpu, host = gpu[order], host[order]
+        return gpu, host, consecutive_runs(host)
 
     def _copy_sizes(self, runs: list[tuple[int, int]]) -> list[int]:
         """Bytes of each copy a ticket issues: one per run of consecutive host blocks."""
@@ -113,14 +135,24 @@ class Transport:
     # order_compute_after(ticket) -> bool
 
 
+def pairs_of_plan(plan) -> tuple[np.ndarray, np.ndarray, list[tuple[int, int]]]:
+    """A plan's (gpu, host) pairs in its order, (n,) int32 each, and its copies as runs
+    ``[(offset into the pairs, count)]``."""
+    gpu = np.array([g for _, run in plan for g in run], np.int32)
+    host = np.array([h0 + k for h0, run in plan for k in range(len(run))], np.int32)
+    offsets = np.cumsum([0] + [len(run) for _, run in plan])
+    return gpu, host, [(int(offset), len(run)) for offset, (_, run) in zip(offsets, plan)]
+
+
 class NumpyTransport(Transport):
-    def __init__(self, pool: np.ndarray, host: HostKVStore, delay: int = 0):
-        """``pool`` (N, L, 2, B, K, E) NumPy; ``delay``: ticks before a copy lands (0: at once)."""
+    def __init__(self, pool: np.ndarray, host: HostKVStore, delay: int = 0, plan=None):
+        """``pool`` (N, L, 2, B, K, E) NumPy; ``delay``: ticks before a copy lands (0: at once);
+        ``plan``: cuts each ticket into copies (see ``Transport``; None: runs of host blocks)."""
         if not (pool.flags.c_contiguous and host.blocks.flags.c_contiguous):
             raise ValueError("the pool and the host arena must be C-contiguous (copies go through views)")
         self.pool_rows = pool.reshape(pool.shape[0], -1)  # (N, W) view
         self.host_rows = host.blocks.reshape(host.num_blocks, -1)  # (H, W) view
-        super().__init__(self.pool_rows.shape[1] * self.pool_rows.dtype.itemsize)
+        super().__init__(self.pool_rows.shape[1] * self.pool_rows.dtype.itemsize, plan)
         self.delay = delay
 
     def _start(self, ticket: Ticket, runs) -> None:

@@ -26,7 +26,7 @@ REPO = Path(__file__).resolve().parents[2]
 SOLUTIONS_DIR = Path("blink_edu/labs/solutions")
 INSTRUCTOR_FILES = {Path("tests/labs/test_labs_meta.py"), Path("tests/labs/test_labs_tooling.py"),
                     Path("tests/labs/test_handout.py"), Path("tests/labs/test_lab_mutants.py"),
-                    Path("tests/labs/mutants.py")}
+                    Path("tests/labs/mutants.py"), Path("tests/labs/test_labs_plug_in_publicly.py")}
 SKIP_PARTS = {".git", ".venv", "__pycache__", ".pytest_cache", ".hypothesis", "build",
               ".ipynb_checkpoints", "_build", "jupyter_execute"}
 INSTRUCTOR_TAG = "instructor"

@@ -305,6 +305,28 @@ def test_random_schedules_never_lose_a_byte(ops, delay, eager, seed):
     engine.check()
 
 
+def test_a_plan_decides_the_copies_of_a_numpy_transport(rng):
+    """``plan=`` is called once per ticket with its pairs; the ticket holds the pairs in the
+    plan's order and one copy per planned run, and the bytes land as the pairs say."""
+    pool = rng.standard_normal((6, 1, 2, 2, 1, 3))  # (N, L, 2, B, K, E)
+    host = HostKVStore(8, pool.shape[1:], pool.dtype)
+    calls = []
+
+    def one_copy_per_block(gpu_blocks, host_blocks):  # never merges: a plan may cut finer
+        calls.append((gpu_blocks.tolist(), host_blocks.tolist()))
+        return [(int(h), [int(g)]) for g, h in sorted(zip(gpu_blocks, host_blocks), reverse=True)]
+
+    transport = NumpyTransport(pool, host, delay=1, plan=one_copy_per_block)
+    ticket = transport.copy_out([4, 0, 2], [5, 3, 4])
+    assert calls == [([4, 0, 2], [5, 3, 4])]
+    assert ticket.gpu_blocks.tolist() == [4, 2, 0] and ticket.host_blocks.tolist() == [5, 4, 3]
+    assert ticket.copy_sizes == [pool[0].nbytes] * 3
+    assert not host.blocks.any()  # nothing moves before it lands
+    transport.tick()
+    assert transport.poll() == [ticket]
+    np.testing.assert_array_equal(host.blocks[[5, 3, 4]], pool[[4, 0, 2]])
+
+
 def test_device_transport_splits_a_ticket_over_its_staging_buffer(rng):
     """More blocks than the staging buffer holds, scattered on the GPU, partly consecutive on the
     host: several gather + copy rounds, one copy per host run; byte-exact both ways."""

@@ -2,13 +2,13 @@
 
 * ``LabBlockManager.mark_written`` is the lab's ``mark_written`` (DIRTY -> SYNCED);
 * ``LabRotationEngine.on_written`` / ``blocks_to_rotate_out`` are the lab's eager-rotation books;
-* ``LabTransport`` (the NumPy transport of ``kv/transfer.py``) moves every batched copy exactly
-  as the lab's ``plan_batched_copy`` says: one copy per planned run, bytes and all.
+* the NumPy transport of ``kv/transfer.py`` takes the lab's ``plan_batched_copy`` (checked) as
+  its ``plan``: every batched copy moves the planned pairs, one copy per planned run.
 
 ``rotating_engine`` builds an ``LLMEngine`` (reference executor, ``preemption="rotate"``) over
 them, through its constructor arguments (``executor=``, ``scheduler=``, the scheduler's
-``block_manager=`` and ``attach_rotation``); under memory pressure its FCFS scheduler rotates
-decoding requests out and back in.
+``block_manager=`` and ``attach_rotation``, the transport's ``plan=``); under memory pressure its
+FCFS scheduler rotates decoding requests out and back in.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from ...engine.scheduler import Scheduler
 from ...kv.block_manager import BlockManager
 from ...kv.host_store import HostKVStore
 from ...kv.rotation import RotationEngine
-from ...kv.transfer import NumpyTransport, Ticket
+from ...kv.transfer import NumpyTransport
 from ...model.weights import random_weights
 
 MICRO = dict(model_type="llama", vocab_size=64, hidden_size=32, intermediate_size=48,
@@ -91,32 +91,6 @@ def checked_plan(gpu_blocks, host_blocks, impl=None) -> list[tuple[int, list[int
     return plan
 
 
-class LabTransport(NumpyTransport):
-    """Batched copies as the lab plans them (``plan_batched_copy``): one copy per run."""
-
-    def _issue(self, direction, gpu_blocks, host_blocks, after) -> Ticket:
-        plan = checked_plan(gpu_blocks, host_blocks)
-        gpu = np.array([g for _, run in plan for g in run], np.int32)  # (n,) in plan order
-        host = np.array([h0 + k for h0, run in plan for k in range(len(run))], np.int32)
-        ticket = Ticket(direction, gpu, host, nbytes=len(gpu) * self.row_bytes,
-                        copy_sizes=[len(run) * self.row_bytes for _, run in plan],
-                        after=[t for t in after if not t.landed])
-        ticket.plan = plan
-        self._start(ticket, None)
-        self.in_flight.append(ticket)
-        return ticket
-
-    def _try_land(self, ticket: Ticket) -> bool:
-        if ticket.countdown > 0 or not all(t.landed for t in ticket.after):
-            return False
-        for h0, run in ticket.plan:  # one copy per run: a slice of consecutive host rows
-            if ticket.direction == 1:  # COPY_OUT
-                self.host_rows[h0:h0 + len(run)] = self.pool_rows[run]
-            else:
-                self.pool_rows[run] = self.host_rows[h0:h0 + len(run)]
-        return True
-
-
 def rotating_engine(weights, config: EngineConfig, delay: int = 0) -> LLMEngine:
     """``LLMEngine`` with rotation preemption over the lab's block manager, books and transport
     (copies land ``delay`` steps after they are issued, as on a busy link), all handed to it
@@ -131,8 +105,8 @@ def rotating_engine(weights, config: EngineConfig, delay: int = 0) -> LLMEngine:
                           model.eos_token_ids, block_manager=blocks)
     host = HostKVStore(config.num_host_kv_blocks or 2 * config.num_kv_blocks,
                        tuple(pool.shape[1:]), pool.dtype)
-    scheduler.attach_rotation(LabRotationEngine(blocks, host, LabTransport(pool, host, delay),
-                                                eager=True))
+    transport = NumpyTransport(pool, host, delay, plan=checked_plan)
+    scheduler.attach_rotation(LabRotationEngine(blocks, host, transport, eager=True))
     return LLMEngine(weights, config, executor=executor, scheduler=scheduler)
 
 
