@@ -60,6 +60,10 @@ def kernels():
         ("gemv_fp16", linear.gemv_kernel.py_func, lin(F16)),
         ("batched_matmul_fp16", linear.batched_matmul_kernel.py_func, lin(F16)),
         ("linear_fp32", linear.linear_kernel.py_func, lin(F32)),
+        ("gemv_swiglu_fp16", linear.gemv_swiglu_kernel.py_func, lin(F16)[:-1]),
+        ("gemv_qkv_rope_fp16", linear.gemv_qkv_rope_kernel.py_func,
+         lin(F16)[:-1] + (arr(I32, 1), arr(I32, 1), arr(I32, 2), arr(F32, 2), arr(F32, 2),
+                          arr(F32, 6), types.int64, types.int64, types.int64)),
         ("paged_attention", attention.paged_attention_kernel.py_func,
          (arr(F32, 2), arr(I32, 1), arr(I32, 1), arr(I32, 2), arr(F32, 6), types.int64,
           types.int64, types.int64, arr(F32, 2))),
@@ -86,17 +90,10 @@ executor = PersistentExecutor(micro_weights(seed=3, num_attention_heads=4, num_k
                               EngineConfig(block_size=4, num_kv_blocks=12, max_num_seqs=2,
                                            max_num_batched_tokens=8),
                               Ring(bytearray(layout.nbytes), layout), weight_dtype=np.float16)
-m, b, s = executor.model, executor.buffers, executor.scheduler_state
-forward = (m["embed"], m["attn_norm"], m["w_qkv"], m["b_qkv"], m["w_o"], m["b_o"], m["mlp_norm"],
-           m["w_gate_up"], m["b_gate_up"], m["w_down"], m["b_down"], m["final_norm"], m["lm_head"],
-           m["no_norm"], np.float32(1e-5), m["cos"], m["sin"], m["kv_pool"], 4, 2, b["x"], b["qkv"],
-           b["attn"], b["gate_up"], b["act"], b["logits"], b["all_rows"], b["token_ids"],
-           b["positions"], b["seq_rows"], s["block_tables"], b["logit_rows"], b["step_temperature"],
-           b["step_top_p"], b["step_top_k"], b["step_seeds"], b["counters"], b["tokens"],
-           executor._sampling_history())
+forward = (executor.model, executor.step_buffers, executor._sampling_history())
 def describe(a):
-    if isinstance(a, tuple):  # a named group of arrays (forward_ops.SamplingHistory)
-        return ["group", [describe(x) for x in a]]
+    if isinstance(a, tuple):  # a named group (forward_ops.ModelArrays, ...): its class, its fields
+        return ["group", [type(a).__name__, [describe(x) for x in a]]]
     a = getattr(a, "_ary", a)  # the simulator's device-array wrapper
     if isinstance(a, np.ndarray):
         return [str(a.dtype), a.ndim]
@@ -115,10 +112,16 @@ def persistent_kernel_types() -> dict[str, tuple]:
     scalars = {"int": types.int64, "float32": types.float32, "float": types.float64,
                "bool": types.boolean}
 
+    from blink_edu.executors import forward_ops, persistent_kernel
+    groups = {cls.__name__: cls for cls in (forward_ops.ModelArrays, forward_ops.StepBuffers,
+                                            forward_ops.SamplingHistory,
+                                            persistent_kernel.RingArrays,
+                                            persistent_kernel.SchedulerState)}
+
     def numba_type(dtype, ndim):
         if dtype == "group":
-            from blink_edu.executors.forward_ops import SamplingHistory
-            return types.NamedTuple([numba_type(*d) for d in ndim], SamplingHistory)
+            name, fields = ndim
+            return types.NamedTuple([numba_type(*d) for d in fields], groups[name])
         return scalars[dtype] if ndim is None else arr(numpy_support.from_dtype(np.dtype(dtype)), ndim)
 
     described = json.loads(done.stdout.strip().splitlines()[-1])

@@ -8,6 +8,11 @@ of the model is always the same sequence of ops::
     k = 1 .. 7 L         QKV, ROPE_KV, ATTENTION, O_PROJ, GATE_UP, SWIGLU, DOWN   (per layer)
     k = 7 L + 1, + 2     LM_HEAD, SAMPLE
 
+At decode (``T <= GEMV_MAX_ROWS``) ROPE_KV and SWIGLU ride in the epilogue of the GEMV before
+them (``kernels/linear.py``: ``gemv_qkv_rope``, ``gemv_swiglu``) and are skipped:
+``fused_into_gemv(op, T)`` says so, the same way for every executor — five ops a layer instead
+of seven, so five launches or grid barriers.
+
 ``op_of(k, L)`` names the k-th op and its layer; ``forward_op`` runs one op over the step's
 ``T`` tokens and ``R`` sampled rows with the same device functions the eager executor launches
 one by one (``kernels/``). Every op reads what the previous one wrote, from every block, so
@@ -26,7 +31,8 @@ from typing import NamedTuple
 
 from ..kernels.attention import paged_attention
 from ..kernels.elementwise import elementwise_items, embed_tokens, swiglu
-from ..kernels.linear import GEMV_MAX_ROWS, linear_in_megakernel, linear_work_items
+from ..kernels.linear import (GEMV_MAX_ROWS, gemv_qkv_rope, gemv_swiglu, linear_in_megakernel,
+                              linear_work_items)
 from ..kernels.reduce import cuda, grid_for
 from ..kernels.rope import rope_and_write_kv, rope_work_items
 from ..kernels.sampling import adjust_row_from_history, sample_rows
@@ -52,6 +58,67 @@ def op_of(k, num_layers):
 
 
 op_of_device = cuda.jit(device=True)(op_of)
+
+
+def fused_into_gemv(op, num_tokens):
+    """Whether ``op`` has nothing to do in a step of ``num_tokens`` tokens, because the GEMV
+    before it did it in its epilogue (decode: RoPE and the KV write, SwiGLU)."""
+    return num_tokens <= GEMV_MAX_ROWS and (op == ROPE_KV or op == SWIGLU)
+
+
+fused_into_gemv_device = cuda.jit(device=True)(fused_into_gemv)
+
+
+class ModelArrays(NamedTuple):
+    """The model on the device, as one argument group of a kernel that may run any op: every
+    per-layer array stacked on a leading layer axis L (a kernel cannot take a Python list of
+    per-layer arrays), in the eager executor's fused layouts (``kernel_executor.fused_layer``)."""
+
+    embed: object  # (V, D) weight dtype
+    attn_norm: object  # (L, D) f32
+    w_qkv: object  # (L, (H + 2K) E, D)
+    b_qkv: object  # (L, (H + 2K) E) f32, or (L, 0): no bias
+    w_o: object  # (L, D, H E)
+    b_o: object  # (L, D) or (L, 0)
+    mlp_norm: object  # (L, D) f32
+    w_gate_up: object  # (L, 2F, D) = [W_gate; W_up]
+    b_gate_up: object  # (L, 2F) or (L, 0)
+    w_down: object  # (L, D, F)
+    b_down: object  # (L, D) or (L, 0)
+    final_norm: object  # (D,) f32
+    lm_head: object  # (V, D) (the embedding itself when the two are tied)
+    no_norm: object  # (0,) f32: "no norm" for a linear op
+    cos: object  # (P, E/2) f32 RoPE tables, by position
+    sin: object  # (P, E/2) f32
+    kv_pool: object  # (N, L, 2, B, K, E) f32 the paged KV cache
+    eps: object  # float32 RMSNorm epsilon
+    num_heads: object  # H (int)
+    num_kv_heads: object  # K (int)
+
+
+class StepBuffers(NamedTuple):
+    """One step's arrays, as one argument group: the flat batch (written by whoever planned the
+    step), the activations the ops pass along, and the sampled tokens. Sized for the largest step
+    (T tokens, S sampled rows); a step of T' <= T tokens and R <= S rows uses the leading rows."""
+
+    x: object  # (T, D) f32 the residual stream
+    qkv: object  # (T, (H + 2K) E) f32
+    attn: object  # (T, H E) f32
+    gate_up: object  # (T, 2F) f32
+    act: object  # (T, F) f32
+    logits: object  # (S, V) f32
+    all_rows: object  # (T,) i32 0, 1, ..., T - 1
+    token_ids: object  # (T,) i32
+    positions: object  # (T,) i32
+    seq_rows: object  # (T,) i32 each token's row of block_tables
+    block_tables: object  # (S', W) i32 KV block ids per sequence
+    logit_rows: object  # (S,) i32 the token each sampled row samples after
+    step_temperature: object  # (S,) f32, and the rest of the sampling parameters per row
+    step_top_p: object  # (S,) f32
+    step_top_k: object  # (S,) i32
+    step_seeds: object  # (S,) u32
+    counters: object  # (S,) i32 tokens the row's request has generated (its random stream)
+    tokens: object  # (S,) i32 the sampled tokens
 
 
 class SamplingHistory(NamedTuple):
@@ -86,78 +153,73 @@ def adjust_sampled_rows(logits, counters, history, blk, nb):
 
 
 @cuda.jit(device=True)
-def forward_op(op, i, T, R, embed, attn_norm, w_qkv, b_qkv, w_o, b_o, mlp_norm, w_gate_up,
-               b_gate_up, w_down, b_down, final_norm, lm_head, no_norm, eps, cos, sin, kv_pool,
-               num_heads, num_kv_heads, x, qkv, attn, gate_up, act, logits, all_rows, token_ids,
-               positions, seq_rows, block_tables, logit_rows, step_temperature, step_top_p,
-               step_top_k, step_seeds, counters, tokens, history, blk, nb):
-    """Op ``op`` (of layer ``i``) over T tokens and R rows, this block's share of it.
-    x (T, D), qkv (T, (H + 2K) E), attn (T, H E), gate_up (T, 2F), act (T, F) f32 activations;
-    token_ids, positions, seq_rows (T,); logit_rows and the sampling parameters (R,)."""
-    rows = all_rows[:T]
+def forward_op(op, i, T, R, model, step, history, blk, nb):
+    """Op ``op`` (of layer ``i``) over T tokens and R sampled rows, this block's share of it.
+    ``model``: ModelArrays; ``step``: StepBuffers; ``history``: SamplingHistory."""
+    m, s = model, step
+    H, K = m.num_heads, m.num_kv_heads
+    rows = s.all_rows[:T]
+    x, qkv, positions, seq_rows = s.x[:T], s.qkv[:T], s.positions[:T], s.seq_rows[:T]
     if op == EMBED:
-        embed_tokens(embed, token_ids[:T], x[:T], blk, nb)
+        embed_tokens(m.embed, s.token_ids[:T], x, blk, nb)
+    elif fused_into_gemv_device(op, T):
+        pass  # done in the epilogue of the GEMV before it
+    elif op == QKV and T <= GEMV_MAX_ROWS:
+        gemv_qkv_rope(x, rows, m.attn_norm[i], m.eps, m.w_qkv[i], m.b_qkv[i], qkv, positions,
+                      seq_rows, s.block_tables, m.cos, m.sin, m.kv_pool, i, H, K, blk, nb)
     elif op == QKV:
-        linear_in_megakernel(x[:T], rows, attn_norm[i], eps, w_qkv[i], b_qkv[i], qkv[:T], 0, blk, nb)
+        linear_in_megakernel(x, rows, m.attn_norm[i], m.eps, m.w_qkv[i], m.b_qkv[i], qkv, 0,
+                             blk, nb)
     elif op == ROPE_KV:
-        rope_and_write_kv(qkv[:T], positions[:T], seq_rows[:T], block_tables, cos, sin, kv_pool,
-                          i, num_heads, num_kv_heads, blk, nb)
+        rope_and_write_kv(qkv, positions, seq_rows, s.block_tables, m.cos, m.sin, m.kv_pool, i,
+                          H, K, blk, nb)
     elif op == ATTENTION:
-        paged_attention(qkv[:T], positions[:T], seq_rows[:T], block_tables, kv_pool, i,
-                        num_heads, num_kv_heads, attn[:T], blk, nb)
+        paged_attention(qkv, positions, seq_rows, s.block_tables, m.kv_pool, i, H, K, s.attn[:T],
+                        blk, nb)
     elif op == O_PROJ:
-        linear_in_megakernel(attn[:T], rows, no_norm, eps, w_o[i], b_o[i], x[:T], 1, blk, nb)
+        linear_in_megakernel(s.attn[:T], rows, m.no_norm, m.eps, m.w_o[i], m.b_o[i], x, 1, blk, nb)
+    elif op == GATE_UP and T <= GEMV_MAX_ROWS:
+        gemv_swiglu(x, rows, m.mlp_norm[i], m.eps, m.w_gate_up[i], m.b_gate_up[i], s.act[:T],
+                    blk, nb)
     elif op == GATE_UP:
-        linear_in_megakernel(x[:T], rows, mlp_norm[i], eps, w_gate_up[i], b_gate_up[i], gate_up[:T], 0, blk, nb)
+        linear_in_megakernel(x, rows, m.mlp_norm[i], m.eps, m.w_gate_up[i], m.b_gate_up[i],
+                             s.gate_up[:T], 0, blk, nb)
     elif op == SWIGLU:
-        swiglu(gate_up[:T], act[:T], blk, nb)
+        swiglu(s.gate_up[:T], s.act[:T], blk, nb)
     elif op == DOWN:
-        linear_in_megakernel(act[:T], rows, no_norm, eps, w_down[i], b_down[i], x[:T], 1, blk, nb)
+        linear_in_megakernel(s.act[:T], rows, m.no_norm, m.eps, m.w_down[i], m.b_down[i], x, 1,
+                             blk, nb)
     elif op == LM_HEAD:
-        linear_in_megakernel(x[:T], logit_rows[:R], final_norm, eps, lm_head, no_norm, logits[:R], 0, blk, nb)
+        linear_in_megakernel(x, s.logit_rows[:R], m.final_norm, m.eps, m.lm_head, m.no_norm,
+                             s.logits[:R], 0, blk, nb)
     else:
-        adjust_sampled_rows(logits[:R], counters[:R], history, blk, nb)
-        sample_rows(logits[:R], step_temperature[:R], step_top_p[:R], step_top_k[:R],
-                    step_seeds[:R], counters[:R], tokens[:R], blk, nb)
+        adjust_sampled_rows(s.logits[:R], s.counters[:R], history, blk, nb)
+        sample_rows(s.logits[:R], s.step_temperature[:R], s.step_top_p[:R], s.step_top_k[:R],
+                    s.step_seeds[:R], s.counters[:R], s.tokens[:R], blk, nb)
 
 
 @cuda.jit(device=True)
-def forward(T, R, embed, attn_norm, w_qkv, b_qkv, w_o, b_o, mlp_norm, w_gate_up, b_gate_up,
-            w_down, b_down, final_norm, lm_head, no_norm, eps, cos, sin, kv_pool, num_heads,
-            num_kv_heads, x, qkv, attn, gate_up, act, logits, all_rows, token_ids, positions,
-            seq_rows, block_tables, logit_rows, step_temperature, step_top_p, step_top_k,
-            step_seeds, counters, tokens, history):
+def forward(T, R, model, step, history):
     """Inline dispatch: every op of the step in this (cooperative) kernel, a grid barrier after
-    each but the last (the caller's barrier follows it)."""
+    each but the last (the caller's barrier follows it); an op fused into its GEMV is skipped,
+    barrier and all."""
     blk, nb = cuda.blockIdx.x, cuda.gridDim.x
-    n = OPS_PER_LAYER * w_qkv.shape[0] + 3
+    L = model.w_qkv.shape[0]
+    n = OPS_PER_LAYER * L + 3
     for k in range(n):
-        op, i = op_of_device(k, w_qkv.shape[0])
-        forward_op(op, i, T, R, embed, attn_norm, w_qkv, b_qkv, w_o, b_o, mlp_norm, w_gate_up,
-                   b_gate_up, w_down, b_down, final_norm, lm_head, no_norm, eps, cos, sin,
-                   kv_pool, num_heads, num_kv_heads, x, qkv, attn, gate_up, act, logits,
-                   all_rows, token_ids, positions, seq_rows, block_tables, logit_rows,
-                   step_temperature, step_top_p, step_top_k, step_seeds, counters, tokens, history,
-                   blk, nb)
+        op, i = op_of_device(k, L)
+        if fused_into_gemv_device(op, T):
+            continue
+        forward_op(op, i, T, R, model, step, history, blk, nb)
         if k + 1 < n:
             cuda.cg.this_grid().sync()
 
 
 @cuda.jit
-def forward_op_kernel(op, i, sizes, embed, attn_norm, w_qkv, b_qkv, w_o, b_o, mlp_norm,
-                      w_gate_up, b_gate_up, w_down, b_down, final_norm, lm_head, no_norm, eps,
-                      cos, sin, kv_pool, num_heads, num_kv_heads, x, qkv, attn, gate_up, act,
-                      logits, all_rows, token_ids, positions, seq_rows, block_tables, logit_rows,
-                      step_temperature, step_top_p, step_top_k, step_seeds, counters, tokens,
-                      history):
+def forward_op_kernel(op, i, sizes, model, step, history):
     """One op as one kernel (a node of a device-launched graph); T = sizes[0], R = sizes[1],
     written by the scheduler kernel before it launched the graph."""
-    forward_op(op, i, sizes[0], sizes[1], embed, attn_norm, w_qkv, b_qkv, w_o, b_o, mlp_norm,
-               w_gate_up, b_gate_up, w_down, b_down, final_norm, lm_head, no_norm, eps, cos, sin,
-               kv_pool, num_heads, num_kv_heads, x, qkv, attn, gate_up, act, logits, all_rows,
-               token_ids, positions, seq_rows, block_tables, logit_rows, step_temperature,
-               step_top_p, step_top_k, step_seeds, counters, tokens, history, cuda.blockIdx.x,
-               cuda.gridDim.x)
+    forward_op(op, i, sizes[0], sizes[1], model, step, history, cuda.blockIdx.x, cuda.gridDim.x)
 
 
 def linear_shape(op: int, config) -> tuple[int, int]:

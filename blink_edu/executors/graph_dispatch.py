@@ -94,41 +94,27 @@ if not get_backend().is_simulator:
         return 0
 
     @cuda.jit
-    def graph_dispatch_scheduler_kernel(
-            # the ring
-            state, doorbell, engine_heartbeat, arrival_ns, claim_ns, first_token_ns,
-            last_token_ns, prompt_len, max_tokens, top_k, seed, temperature, top_p, stop_ids,
-            ignore_eos, cancel, generated, finish_reason, prompt_tokens, output_tokens, control,
-            eos_ids,
-            # the step's flat batch (the forward graphs read and write the same arrays)
-            token_ids, positions, seq_rows, logit_rows, step_temperature, step_top_p, step_top_k,
-            step_seeds, counters, tokens, row_lane,
-            # the scheduler's own state
-            lanes, lane_sampling, lane_stop_ids, block_tables, free_blocks, free_top, sched,
-            candidates,
-            # the forward graphs: sizes (T, R, step), done (1,), execs (buckets, 2), bucket sizes
-            sizes, done, graph_execs, bucket_tokens,
-            vocab_size, block_size, budget, max_model_len, ring_in_device_memory):
+    def graph_dispatch_scheduler_kernel(ring, control, step, scheduler, row_lane, sizes, done,
+                                        graph_execs, bucket_tokens, vocab_size, block_size, budget,
+                                        max_model_len, ring_in_device_memory):
+        """Phases A, B and D as the inline kernel runs them (the same groups: ``RingArrays``,
+        ``StepBuffers``, ``SchedulerState``), C as a graph launch. The forward graphs: ``sizes``
+        (T, R, step), ``done`` (1,), ``graph_execs`` (buckets, 2), ``bucket_tokens``
+        (buckets,)."""
         tid = cuda.threadIdx.x
+        sched = scheduler.sched
         status = cuda.shared.array(1, np.int32)
         launches = 0
         while True:
-            pk.read_host_words(sched, doorbell, control, engine_heartbeat, lanes, cancel, state,
-                               finish_reason, block_tables, free_blocks, free_top)
+            pk.read_host_words(ring, control, scheduler)
             cuda.syncthreads()
             if sched[pk.S_DOORBELL_NOW] != sched[pk.S_DOORBELL_SEEN]:
                 if tid == 0:
                     sched[pk.S_SCAN_START] = globaltimer_ns()
-                pk.scan_ring(state, sched, candidates, tid, THREADS)
+                pk.scan_ring(ring.state, sched, scheduler.candidates, tid, THREADS)
                 cuda.syncthreads()
-            pk.schedule_step(state, arrival_ns, claim_ns, prompt_len, max_tokens, seed,
-                             temperature, top_p, top_k, stop_ids, ignore_eos, prompt_tokens,
-                             finish_reason, lanes, lane_sampling, lane_stop_ids, block_tables,
-                             free_blocks, free_top, sched, control, candidates, token_ids,
-                             positions, seq_rows, logit_rows, step_temperature, step_top_p,
-                             step_top_k, step_seeds, counters, row_lane, vocab_size,
-                             output_tokens.shape[1], budget, max_model_len, block_size,
-                             ring_in_device_memory)
+            pk.schedule_step(ring, control, scheduler, step, row_lane, vocab_size, budget,
+                             max_model_len, block_size, ring_in_device_memory)
             cuda.threadfence()  # every thread's part of the flat batch, before the launch
             cuda.syncthreads()
             if sched[pk.S_STOP] != 0:
@@ -146,9 +132,7 @@ if not get_backend().is_simulator:
                 if tid == 0:
                     store_release(control, pk.C_DISPATCH_ERROR, status[0])
                 return
-            pk.publish_step(lanes, lane_stop_ids, tokens, row_lane, R, state, output_tokens,
-                            generated, first_token_ns, last_token_ns, finish_reason, eos_ids,
-                            block_tables, free_blocks, free_top, max_model_len, sched, control)
+            pk.publish_step(ring, control, scheduler, step.tokens, row_lane, R, max_model_len)
             launches += 1
             if launches == MAX_LAUNCHES:
                 cuda.syncthreads()
@@ -215,24 +199,16 @@ def token_buckets(budget: int) -> list[int]:
 
 class ForwardGraphs:
     """Per token bucket, two device-launchable graphs of one forward step (one kernel node per op
-    of ``forward_ops``, then ``signal_step_done``), over the persistent executor's weights and
-    buffers (and ``history``, a ``forward_ops.SamplingHistory``). ``execs`` (buckets, 2) uint64
-    and ``bucket_tokens`` (buckets,) go to the kernel."""
+    of ``forward_ops``, then ``signal_step_done``), over the persistent executor's groups: its
+    ``forward_ops.ModelArrays``, ``StepBuffers`` and ``SamplingHistory``. ``execs`` (buckets, 2)
+    uint64 and ``bucket_tokens`` (buckets,) go to the kernel."""
 
-    def __init__(self, model: dict, buffers: dict, history, config, budget: int, max_rows: int,
+    def __init__(self, model, step, history, config, budget: int, max_rows: int,
                  stream_ptr: int):
         self.sizes = cuda.to_device(np.zeros(3, np.int64))  # (T, R, step) of the running step
         self.done = cuda.to_device(np.zeros(1, np.int64))  # the last step the graphs finished
         self.config, self.stream_ptr = config, stream_ptr
-        m, b = model, buffers
-        self.args = (m["embed"], m["attn_norm"], m["w_qkv"], m["b_qkv"], m["w_o"], m["b_o"],
-                     m["mlp_norm"], m["w_gate_up"], m["b_gate_up"], m["w_down"], m["b_down"],
-                     m["final_norm"], m["lm_head"], m["no_norm"], np.float32(config.rms_norm_eps),
-                     m["cos"], m["sin"], m["kv_pool"], config.num_heads, config.num_kv_heads,
-                     b["x"], b["qkv"], b["attn"], b["gate_up"], b["act"], b["logits"],
-                     b["all_rows"], b["token_ids"], b["positions"], b["seq_rows"],
-                     b["block_tables"], b["logit_rows"], b["step_temperature"], b["step_top_p"],
-                     b["step_top_k"], b["step_seeds"], b["counters"], b["tokens"], history)
+        self.args = (model, step, history)  # every node takes the same three groups
         tokens = token_buckets(budget)
         self.record_step(tokens[-1], max_rows)  # compile every kernel outside a capture (T = 0)
         cuda.synchronize()

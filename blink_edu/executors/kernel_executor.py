@@ -6,7 +6,9 @@ issues them:
 
 * ``EagerExecutor`` — a Python loop launches every kernel of every step: 1 embedding gather,
   7 per layer (norm+qkv, rope+kv-write, attention, o-proj+residual, norm+gate/up, SwiGLU,
-  down+residual), the LM head and the sampler. Each launch costs tens of microseconds of host
+  down+residual), the LM head and the sampler; 5 per layer at decode, where RoPE and SwiGLU ride
+  in their GEMV's epilogue (``forward_ops.fused_into_gemv``; ``fuse_epilogues=False`` keeps all
+  seven, to measure what the fusion buys or to route every linear through ``launch_linear``). Each launch costs tens of microseconds of host
   time, so at small batch the GPU mostly waits for Python.
 * ``GraphExecutor`` — the same launches are captured once per *bucket* into a CUDA graph
   (together with the input and output copies) and each step replays one graph: one launch.
@@ -31,7 +33,8 @@ from ..backend import get_backend
 from ..config import EngineConfig
 from ..kernels.attention import paged_attention_kernel
 from ..kernels.elementwise import embed_tokens_kernel, swiglu_kernel
-from ..kernels.linear import linear_kernel_for, linear_work_items
+from ..kernels.linear import (GEMV_MAX_ROWS, gemv_qkv_rope_kernel, gemv_swiglu_kernel,
+                              gemv_work_items, linear_kernel_for, linear_work_items)
 from ..kernels.reduce import THREADS, cuda, grid_for
 from ..kernels.rope import rope_and_write_kv_kernel
 from ..kernels.sampling import adjust_logits_kernel, sample_rows_kernel
@@ -40,7 +43,7 @@ from ..kv.pool import allocate_kv_pool
 from ..model.reference import rope_tables
 from ..model.weights import ModelWeights
 from .forward_ops import (ATTENTION, DOWN, EMBED, GATE_UP, LM_HEAD, O_PROJ, OP_NAMES, QKV,
-                          ROPE_KV, SAMPLE, SWIGLU, num_ops, op_grid, op_of)
+                          ROPE_KV, SAMPLE, SWIGLU, fused_into_gemv, num_ops, op_grid, op_of)
 from .step import StepBatch, padded_step_shape
 
 
@@ -129,8 +132,11 @@ class EagerExecutor:
     name = "eager"
 
     def __init__(self, weights: ModelWeights, engine_config: EngineConfig,
-                 weight_dtype=np.float32, max_model_len: int | None = None):
+                 weight_dtype=np.float32, max_model_len: int | None = None,
+                 fuse_epilogues: bool = True):
         cfg = self.config = weights.config
+        self.fuse_epilogues = fuse_epilogues
+        self.eps = np.float32(cfg.rms_norm_eps)
         self.backend = get_backend()
         self.block_size = B = engine_config.block_size
         self.max_model_len = max_model_len or engine_config.max_model_len or cfg.max_position_embeddings
@@ -235,6 +241,8 @@ class EagerExecutor:
         views = self.bucket_views(s_b, t_b)
         for k in range(num_ops(self.config.num_layers)):
             op, layer = op_of(k, self.config.num_layers)
+            if self.fuse_epilogues and fused_into_gemv(op, t_b):
+                continue
             if op == SAMPLE and self._adjustments is not None:  # only in a step that has some
                 probe("adjust")  # (never captured)
                 adjust_logits_kernel[grid_for(s_b), THREADS, self.stream](views["logits"],
@@ -252,6 +260,11 @@ class EagerExecutor:
         lw = self.layers[i]
         if op == EMBED:
             embed_tokens_kernel[grid, THREADS, st](self.embed, v["token_ids"], v["x"])
+        elif op == QKV and self.fuses(t_b):
+            gemv_qkv_rope_kernel[grid_for(gemv_work_items(lw.w_qkv.shape[0] // 2)), THREADS, st](
+                v["x"], v["rows"], lw.attn_norm, self.eps, lw.w_qkv, lw.b_qkv, v["qkv"],
+                v["positions"], v["seq_rows"], v["block_tables"], self.cos, self.sin,
+                self.kv_pool, i, cfg.num_heads, cfg.num_kv_heads)
         elif op == QKV:
             self.launch_linear(v["x"], v["rows"], lw.attn_norm, lw.w_qkv, lw.b_qkv, v["qkv"], 0)
         elif op == ROPE_KV:
@@ -263,6 +276,9 @@ class EagerExecutor:
                                   v["attn"])
         elif op == O_PROJ:
             self.launch_linear(v["attn"], v["rows"], empty, lw.w_o, lw.b_o, v["x"], 1)
+        elif op == GATE_UP and self.fuses(t_b):
+            gemv_swiglu_kernel[grid_for(gemv_work_items(cfg.intermediate_size)), THREADS, st](
+                v["x"], v["rows"], lw.mlp_norm, self.eps, lw.w_gate_up, lw.b_gate_up, v["act"])
         elif op == GATE_UP:
             self.launch_linear(v["x"], v["rows"], lw.mlp_norm, lw.w_gate_up, lw.b_gate_up,
                                v["gate_up"], 0)
@@ -278,12 +294,16 @@ class EagerExecutor:
                 v["logits"], v["temperature"], v["top_p"], v["top_k"], v["seeds"],
                 v["counters"], v["tokens"])
 
+    def fuses(self, t_b: int) -> bool:
+        """Whether a step of T_b tokens runs RoPE and SwiGLU in their GEMVs' epilogues."""
+        return self.fuse_epilogues and t_b <= GEMV_MAX_ROWS
+
     def launch_linear(self, x, rows, norm, w, b, out, accumulate) -> None:
         """out (+)= rms_norm?(x[rows]) @ w.T + b (``kernels/linear.py``). A subclass may launch
         another kernel here: the course labs plug a student's GEMV in this way."""
         grid = grid_for(linear_work_items(rows.shape[0], w.shape[0]))
         linear_kernel_for(rows.shape[0])[grid, THREADS, self.stream](
-            x, rows, norm, np.float32(self.config.rms_norm_eps), w, b, out, accumulate)
+            x, rows, norm, self.eps, w, b, out, accumulate)
 
     def launch_attention(self, qkv, positions, seq_rows, block_tables, layer, out) -> None:
         """Paged attention of layer ``layer`` (``kernels/attention.py``); a subclass may launch

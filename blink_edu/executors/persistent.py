@@ -39,13 +39,10 @@ from ..model.weights import ModelWeights
 from ..ring.layout import Ring
 from ..ring.placement import host_words, map_ring_for_gpu
 from . import persistent_kernel as pk
-from .forward_ops import SamplingHistory
+from .forward_ops import ModelArrays, SamplingHistory, StepBuffers
 from .kernel_executor import MATRICES, fused_layer
 
-RING_FIELDS = ("state", "doorbell", "engine_heartbeat", "arrival_ns", "claim_ns", "first_token_ns",
-               "last_token_ns", "prompt_len", "max_tokens", "top_k", "seed", "temperature", "top_p",
-               "stop_ids", "ignore_eos", "cancel", "generated", "finish_reason", "prompt_tokens",
-               "output_tokens")  # in the kernel's argument order
+RING_FIELDS = pk.RingArrays._fields  # the ring fields the kernel reads or writes
 # what a request asks of the sampler beyond temperature/top-p/top-k: forward_ops.SamplingHistory
 SAMPLING_RING_FIELDS = ("presence_penalty", "frequency_penalty", "logit_bias_ids",
                         "logit_bias_values")
@@ -100,38 +97,41 @@ class PersistentExecutor:
         N, B = engine_config.num_kv_blocks, engine_config.block_size
         W = blocks_needed(self.max_model_len, B)  # block-table width
         f32, i32, i64 = np.float32, np.int32, np.int64
-        self.model = stacked_weights(weights, weight_dtype)
         cos, sin = rope_tables(cfg, np.arange(self.max_model_len))  # (P, E/2) each
-        self.model.update(cos=cuda.to_device(cos), sin=cuda.to_device(sin),
-                          no_norm=cuda.to_device(np.zeros(0, f32)),
-                          kv_pool=cuda.to_device(allocate_kv_pool(cfg, N, B)),
-                          eos_ids=cuda.to_device(np.asarray(list(eos_token_ids) or [-1], i32)))
-        self.buffers = dict(
-            x=cuda.device_array((T, D), f32), qkv=cuda.device_array((T, (H + 2 * K) * E), f32),
-            attn=cuda.device_array((T, H * E), f32), gate_up=cuda.device_array((T, 2 * F), f32),
-            act=cuda.device_array((T, F), f32), logits=cuda.device_array((S, cfg.vocab_size), f32),
-            all_rows=cuda.to_device(np.arange(T, dtype=i32)),
-            token_ids=cuda.device_array(T, i32), positions=cuda.device_array(T, i32),
-            seq_rows=cuda.device_array(T, i32), logit_rows=cuda.device_array(S, i32),
-            step_temperature=cuda.device_array(S, f32), step_top_p=cuda.device_array(S, f32),
-            step_top_k=cuda.device_array(S, i32), step_seeds=cuda.device_array(S, np.uint32),
-            counters=cuda.device_array(S, i32), tokens=cuda.device_array(S, i32),
-            row_lane=cuda.device_array(S, i32))
+        self.model = ModelArrays(**stacked_weights(weights, weight_dtype),
+                                 no_norm=cuda.to_device(np.zeros(0, f32)),
+                                 cos=cuda.to_device(cos), sin=cuda.to_device(sin),
+                                 kv_pool=cuda.to_device(allocate_kv_pool(cfg, N, B)),
+                                 eps=np.float32(cfg.rms_norm_eps), num_heads=H, num_kv_heads=K)
         lanes = np.zeros((S, pk.NUM_LANE_FIELDS), i64)  # (S, fields)
         lanes[:, pk.L_SLOT] = -1
-        self.scheduler_state = dict(
+        self.scheduler_state = pk.SchedulerState(
             lanes=cuda.to_device(lanes),
             lane_sampling=cuda.device_array((S, 2), f32),  # (S, [temperature, top_p])
             lane_stop_ids=cuda.device_array((S, ring.layout.max_stop_ids), i32),  # (S, T)
+            eos_ids=cuda.to_device(np.asarray(list(eos_token_ids) or [-1], i32)),
             block_tables=cuda.to_device(np.full((S, W), -1, i32)),
             free_blocks=cuda.to_device(np.arange(N, dtype=i32)[::-1].copy()),
             free_top=cuda.to_device(np.array([N], i32)),
             sched=cuda.to_device(self._initial_sched()),
             candidates=cuda.device_array(pk.MAX_CANDIDATES, i32))
+        self.step_buffers = StepBuffers(
+            x=cuda.device_array((T, D), f32), qkv=cuda.device_array((T, (H + 2 * K) * E), f32),
+            attn=cuda.device_array((T, H * E), f32), gate_up=cuda.device_array((T, 2 * F), f32),
+            act=cuda.device_array((T, F), f32), logits=cuda.device_array((S, cfg.vocab_size), f32),
+            all_rows=cuda.to_device(np.arange(T, dtype=i32)),
+            token_ids=cuda.device_array(T, i32), positions=cuda.device_array(T, i32),
+            seq_rows=cuda.device_array(T, i32),
+            block_tables=self.scheduler_state.block_tables,  # the forward pass reads the lanes'
+            logit_rows=cuda.device_array(S, i32),
+            step_temperature=cuda.device_array(S, f32), step_top_p=cuda.device_array(S, f32),
+            step_top_k=cuda.device_array(S, i32), step_seeds=cuda.device_array(S, np.uint32),
+            counters=cuda.device_array(S, i32), tokens=cuda.device_array(S, i32))
+        self.row_lane = cuda.device_array(S, i32)  # (R,) each sampled row's lane
         self.num_kv_blocks = N
         self.control = host_words(pk.NUM_CONTROL_WORDS)  # (C,) int64 host memory the GPU sees
         self.ring_mapping = map_ring_for_gpu(ring, RING_FIELDS + SAMPLING_RING_FIELDS)
-        self.budget, self.eps = T, np.float32(cfg.rms_norm_eps)
+        self.budget = T
         self.grid_blocks = grid_blocks
         self._thread: threading.Thread | None = None
         self._stream = None
@@ -172,25 +172,18 @@ class PersistentExecutor:
     # --- launch and stop -------------------------------------------------------------------
     def _sampling_history(self) -> SamplingHistory:
         views = self.ring_mapping.views
-        return SamplingHistory(self.buffers["row_lane"], self.scheduler_state["lanes"],
+        return SamplingHistory(self.row_lane, self.scheduler_state.lanes,
                                *[views[name] for name in SAMPLING_RING_FIELDS],
                                views["output_tokens"])
 
+    def _ring_arrays(self) -> pk.RingArrays:
+        return pk.RingArrays(*[self.ring_mapping.views[name] for name in RING_FIELDS])
+
     def _args(self) -> tuple:
-        m, b, s = self.model, self.buffers, self.scheduler_state
-        cfg = self.config
-        return (*[self.ring_mapping.views[name] for name in RING_FIELDS], self.control.device,
-                m["embed"], m["attn_norm"], m["w_qkv"], m["b_qkv"], m["w_o"], m["b_o"],
-                m["mlp_norm"], m["w_gate_up"], m["b_gate_up"], m["w_down"], m["b_down"],
-                m["final_norm"], m["lm_head"], m["no_norm"], self.eps, m["cos"], m["sin"],
-                m["kv_pool"], cfg.num_heads, cfg.num_kv_heads, m["eos_ids"],
-                b["x"], b["qkv"], b["attn"], b["gate_up"], b["act"], b["logits"], b["all_rows"],
-                b["token_ids"], b["positions"], b["seq_rows"], b["logit_rows"],
-                b["step_temperature"], b["step_top_p"], b["step_top_k"], b["step_seeds"],
-                b["counters"], b["tokens"], b["row_lane"],
-                s["lanes"], s["lane_sampling"], s["lane_stop_ids"], s["block_tables"],
-                s["free_blocks"], s["free_top"], s["sched"], s["candidates"], self.budget, self.max_model_len,
-                int(self.ring_mapping.in_device_memory), self._sampling_history())
+        """The inline kernel's arguments: its named groups, then three numbers."""
+        return (self._ring_arrays(), self.control.device, self.model, self.step_buffers,
+                self.scheduler_state, self._sampling_history(), self.budget, self.max_model_len,
+                int(self.ring_mapping.in_device_memory))
 
     def start(self) -> None:
         """Launch the kernel; it runs until ``stop()``."""
@@ -222,19 +215,13 @@ class PersistentExecutor:
         its own (device launches must come from a kernel in a graph), and launch that."""
         from . import graph_dispatch as gd
 
-        b, s = self.buffers, self.scheduler_state
-        forward = gd.ForwardGraphs(self.model, {**b, "block_tables": s["block_tables"]},
-                                   self._sampling_history(), self.config, self.budget,
-                                   b["logits"].shape[0], self._stream.ptr)
-        args = (*[self.ring_mapping.views[name] for name in RING_FIELDS], self.control.device,
-                self.model["eos_ids"], b["token_ids"], b["positions"], b["seq_rows"],
-                b["logit_rows"], b["step_temperature"], b["step_top_p"], b["step_top_k"],
-                b["step_seeds"], b["counters"], b["tokens"], b["row_lane"],
-                s["lanes"], s["lane_sampling"], s["lane_stop_ids"], s["block_tables"],
-                s["free_blocks"], s["free_top"], s["sched"], s["candidates"],
-                forward.sizes, forward.done, forward.execs, forward.bucket_tokens,
-                self.config.vocab_size, self.model["kv_pool"].shape[3], self.budget,
-                self.max_model_len, int(self.ring_mapping.in_device_memory))
+        forward = gd.ForwardGraphs(self.model, self.step_buffers, self._sampling_history(),
+                                   self.config, self.budget, self.step_buffers.logits.shape[0],
+                                   self._stream.ptr)
+        args = (self._ring_arrays(), self.control.device, self.step_buffers,
+                self.scheduler_state, self.row_lane, forward.sizes, forward.done, forward.execs,
+                forward.bucket_tokens, self.config.vocab_size, self.model.kv_pool.shape[3],
+                self.budget, self.max_model_len, int(self.ring_mapping.in_device_memory))
         kernel = gd.graph_dispatch_scheduler_kernel
         kernel.compile(tuple(kernel.typeof_pyval(a) for a in args))  # not inside the capture
         stream = cuda.external_stream(self._stream.ptr)

@@ -59,6 +59,8 @@ guarantee with one claimer.
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 from numba import int32, int64
 
 from ..kernels.reduce import THREADS, block_exclusive_sum, cuda
@@ -69,6 +71,46 @@ from ..ring.layout import (DECODE_COMPLETED, DECODE_PROCESSING, FINISH_ABORT, FI
 from .forward_ops import LANE_SLOT, forward
 
 MAX_CANDIDATES = 64  # pending slots one scan can note; more wait for the next scan
+
+
+class RingArrays(NamedTuple):
+    """The ring's fields as the kernel sees them (``ring/layout.py``; host memory mapped into the
+    GPU, or device memory): per slot, (num_slots,) unless shown otherwise."""
+
+    state: object  # the slot's state word (ring/layout.py's state machine)
+    doorbell: object  # (1,) rung by a frontend after it made a slot PENDING
+    engine_heartbeat: object  # (1,) the engine's beat, for the frontend's /health
+    arrival_ns: object
+    claim_ns: object
+    first_token_ns: object
+    last_token_ns: object
+    prompt_len: object
+    max_tokens: object
+    top_k: object
+    seed: object
+    temperature: object
+    top_p: object
+    stop_ids: object  # (num_slots, max_stop_ids)
+    ignore_eos: object
+    cancel: object
+    generated: object  # tokens published so far (the frontend reads up to here)
+    finish_reason: object
+    prompt_tokens: object  # (num_slots, max_prompt_tokens)
+    output_tokens: object  # (num_slots, max_output_tokens)
+
+
+class SchedulerState(NamedTuple):
+    """The scheduler's own state, in device memory (the module docstring: lanes, KV blocks)."""
+
+    lanes: object  # (S, NUM_LANE_FIELDS) i64
+    lane_sampling: object  # (S, 2) f32 temperature, top-p
+    lane_stop_ids: object  # (S, max_stop_ids) i32
+    eos_ids: object  # (n,) i32 the model's end-of-sequence ids
+    block_tables: object  # (S, W) i32 lane s's KV blocks, -1 past its last
+    free_blocks: object  # (N,) i32 a stack of free block ids ...
+    free_top: object  # (1,) i32 ... and its height
+    sched: object  # (NUM_SCHED_WORDS,) i64 bookkeeping (S_*)
+    candidates: object  # (MAX_CANDIDATES,) i32 PENDING slots the last scan noted
 
 # lanes[s, field]
 (L_SLOT, L_CACHED, L_LEN, L_PROMPT, L_ORDER, L_GEN, L_SCHED, L_SAMPLE_ROW, L_SEED, L_START,
@@ -443,58 +485,61 @@ def stop_reason(token, lane, lanes, lane_stop_ids, eos_ids, max_model_len):
 
 # --- the phases, shared by both dispatchers ---------------------------------------------------
 @cuda.jit(device=True)
-def read_host_words(sched, doorbell, control, engine_heartbeat, lanes, cancel, state,
-                    finish_reason, block_tables, free_blocks, free_top):
+def read_host_words(ring, control, scheduler):
     """A (block 0): the host's words, all loads in flight at once. The doorbell snapshot: a
     frontend makes its slot PENDING before it rings, so a scan sees every slot rung so far."""
+    r, q = ring, scheduler
+    sched = q.sched
     if cuda.threadIdx.x == 0:
         sched[S_STEP_START] = globaltimer_ns()
-        sched[S_DOORBELL_NOW] = load_acquire(doorbell, 0)
+        sched[S_DOORBELL_NOW] = load_acquire(r.doorbell, 0)
         sched[S_STOP] = load_acquire(control, C_STOP)
         sched[S_BEATS] += 1
-        store_release(engine_heartbeat, 0, sched[S_BEATS])  # the frontend's /health
-    finish_cancelled(lanes, cancel, state, finish_reason, block_tables, free_blocks, free_top)
+        store_release(r.engine_heartbeat, 0, sched[S_BEATS])  # the frontend's /health
+    finish_cancelled(q.lanes, r.cancel, r.state, r.finish_reason, q.block_tables, q.free_blocks,
+                     q.free_top)
 
 
 @cuda.jit(device=True)
-def schedule_step(state, arrival_ns, claim_ns, prompt_len, max_tokens, seed, temperature, top_p,
-                  top_k, stop_ids, ignore_eos, prompt_tokens, finish_reason, lanes, lane_sampling,
-                  lane_stop_ids, block_tables, free_blocks, free_top, sched, control, candidates,
-                  token_ids, positions, seq_rows, logit_rows, step_temperature, step_top_p,
-                  step_top_k, step_seeds, counters, row_lane, vocab_size, output_tokens_width,
-                  budget, max_model_len, block_size, ring_in_device_memory):
-    """B (block 0): admit what the scan noted, plan the step, write its flat batch."""
+def schedule_step(ring, control, scheduler, step, row_lane, vocab_size, budget, max_model_len,
+                  block_size, ring_in_device_memory):
+    """B (block 0): admit what the scan noted, plan the step, write its flat batch (``step``, a
+    forward_ops.StepBuffers; ``row_lane`` (S,): each sampled row's lane)."""
+    r, q, b = ring, scheduler, step
+    sched = q.sched
     tid = cuda.threadIdx.x
     if tid == 0 and sched[S_CANDIDATES] > 0:
         sched[S_SCANS] += 1
         sched[S_SCAN_NS] = globaltimer_ns() - sched[S_SCAN_START]
-    if admit_candidates(state, arrival_ns, claim_ns, prompt_len, max_tokens, seed, temperature,
-                        top_p, top_k, stop_ids, ignore_eos, prompt_tokens, finish_reason, lanes,
-                        lane_sampling, lane_stop_ids, block_tables, free_blocks, free_top, sched,
-                        control, candidates, vocab_size, output_tokens_width, max_model_len,
-                        block_size, ring_in_device_memory):
+    if admit_candidates(r.state, r.arrival_ns, r.claim_ns, r.prompt_len, r.max_tokens, r.seed,
+                        r.temperature, r.top_p, r.top_k, r.stop_ids, r.ignore_eos,
+                        r.prompt_tokens, r.finish_reason, q.lanes, q.lane_sampling,
+                        q.lane_stop_ids, q.block_tables, q.free_blocks, q.free_top, sched,
+                        control, q.candidates, vocab_size, r.output_tokens.shape[1],
+                        max_model_len, block_size, ring_in_device_memory):
         if tid == 0 and sched[S_CANDIDATES] <= MAX_CANDIDATES:
             sched[S_DOORBELL_SEEN] = sched[S_DOORBELL_NOW]  # all admitted: no rescan
     cuda.syncthreads()
     if tid == 0:
         sched[S_CANDIDATES] = 0
-    prompts_left = plan_step(lanes, sched, budget)
-    fill_step(lanes, lane_sampling, prompts_left, prompt_tokens, token_ids, positions, seq_rows,
-              logit_rows, step_temperature, step_top_p, step_top_k, step_seeds, counters,
-              row_lane)
+    prompts_left = plan_step(q.lanes, sched, budget)
+    fill_step(q.lanes, q.lane_sampling, prompts_left, r.prompt_tokens, b.token_ids, b.positions,
+              b.seq_rows, b.logit_rows, b.step_temperature, b.step_top_p, b.step_top_k,
+              b.step_seeds, b.counters, row_lane)
 
 
 @cuda.jit(device=True)
-def publish_step(lanes, lane_stop_ids, tokens, row_lane, R, state, output_tokens, generated,
-                 first_token_ns, last_token_ns, finish_reason, eos_ids, block_tables, free_blocks,
-                 free_top, max_model_len, sched, control):
-    """D (block 0): publish the step's tokens, then the counters the host reads."""
+def publish_step(ring, control, scheduler, tokens, row_lane, R, max_model_len):
+    """D (block 0): publish the step's R tokens (``tokens`` (R,), sampled for lanes
+    ``row_lane`` (R,)), then the counters the host reads."""
+    r, q = ring, scheduler
     publish_start = globaltimer_ns()
-    running = publish(lanes, lane_stop_ids, tokens, row_lane, R, state, output_tokens, generated,
-                      first_token_ns, last_token_ns, finish_reason, eos_ids, block_tables,
-                      free_blocks, free_top, max_model_len, publish_start + sched[S_CLOCK_OFFSET])
+    running = publish(q.lanes, q.lane_stop_ids, tokens, row_lane, R, r.state, r.output_tokens,
+                      r.generated, r.first_token_ns, r.last_token_ns, r.finish_reason, q.eos_ids,
+                      q.block_tables, q.free_blocks, q.free_top, max_model_len,
+                      publish_start + q.sched[S_CLOCK_OFFSET])
     if cuda.threadIdx.x == 0:
-        count_step(sched, control, running, free_top[0], publish_start)
+        count_step(q.sched, control, running, q.free_top[0], publish_start)
 
 
 @cuda.jit(device=True)
@@ -507,44 +552,30 @@ def idle(sched):
 
 # --- the kernel (inline dispatch) ---------------------------------------------------------------
 @cuda.jit
-def persistent_scheduler_kernel(
-        # the ring (host memory mapped into the GPU, or device memory)
-        state, doorbell, engine_heartbeat, arrival_ns, claim_ns, first_token_ns, last_token_ns,
-        prompt_len, max_tokens, top_k, seed, temperature, top_p, stop_ids, ignore_eos, cancel,
-        generated, finish_reason, prompt_tokens, output_tokens, control,
-        # the model (per-layer weights stacked on a leading layer axis)
-        embed, attn_norm, w_qkv, b_qkv, w_o, b_o, mlp_norm, w_gate_up, b_gate_up, w_down, b_down,
-        final_norm, lm_head, no_norm, eps, cos, sin, kv_pool, num_heads, num_kv_heads, eos_ids,
-        # activations and the step's flat batch
-        x, qkv, attn, gate_up, act, logits, all_rows, token_ids, positions, seq_rows, logit_rows,
-        step_temperature, step_top_p, step_top_k, step_seeds, counters, tokens, row_lane,
-        # the scheduler's own state
-        lanes, lane_sampling, lane_stop_ids, block_tables, free_blocks, free_top, sched,
-        candidates, budget, max_model_len, ring_in_device_memory,
-        # penalties and logit_bias: forward_ops.SamplingHistory (one named group of arrays)
-        history):
+def persistent_scheduler_kernel(ring, control, model, step, scheduler, history, budget,
+                                max_model_len, ring_in_device_memory):
+    """The loop of the module docstring. Its arguments are named groups of device arrays: the
+    ring (``RingArrays``), the host's control words (``control`` (NUM_CONTROL_WORDS,) i64,
+    mapped), the model (``forward_ops.ModelArrays``), the step's arrays
+    (``forward_ops.StepBuffers``), the scheduler's state (``SchedulerState``) and what the
+    sampler reads of each request's history (``forward_ops.SamplingHistory``)."""
     tid = cuda.threadIdx.x
     leader = cuda.blockIdx.x == 0
+    sched = scheduler.sched
     while True:
         if leader:  # A
-            read_host_words(sched, doorbell, control, engine_heartbeat, lanes, cancel, state,
-                            finish_reason, block_tables, free_blocks, free_top)
+            read_host_words(ring, control, scheduler)
         grid_sync()
         # every block decides from the same snapshot: all of them scan (and meet after), or none
         if sched[S_DOORBELL_NOW] != sched[S_DOORBELL_SEEN]:
             if leader and tid == 0:
                 sched[S_SCAN_START] = globaltimer_ns()
-            scan_ring(state, sched, candidates, cuda.blockIdx.x * THREADS + tid,
+            scan_ring(ring.state, sched, scheduler.candidates, cuda.blockIdx.x * THREADS + tid,
                       cuda.gridDim.x * THREADS)
             grid_sync()
         if leader:  # B
-            schedule_step(state, arrival_ns, claim_ns, prompt_len, max_tokens, seed, temperature,
-                          top_p, top_k, stop_ids, ignore_eos, prompt_tokens, finish_reason, lanes,
-                          lane_sampling, lane_stop_ids, block_tables, free_blocks, free_top, sched,
-                          control, candidates, token_ids, positions, seq_rows, logit_rows,
-                          step_temperature, step_top_p, step_top_k, step_seeds, counters,
-                          row_lane, embed.shape[0], output_tokens.shape[1], budget,
-                          max_model_len, kv_pool.shape[3], ring_in_device_memory)
+            schedule_step(ring, control, scheduler, step, history.row_lane, model.embed.shape[0],
+                          budget, max_model_len, model.kv_pool.shape[3], ring_in_device_memory)
         grid_sync()
         if sched[S_STOP] != 0:
             return
@@ -555,16 +586,11 @@ def persistent_scheduler_kernel(
             continue
         if leader and tid == 0:  # C: forward (every block)
             sched[S_FORWARD_START] = globaltimer_ns()
-        forward(T, R, embed, attn_norm, w_qkv, b_qkv, w_o, b_o, mlp_norm, w_gate_up,
-                b_gate_up, w_down, b_down, final_norm, lm_head, no_norm, eps, cos, sin, kv_pool,
-                num_heads, num_kv_heads, x, qkv, attn, gate_up, act, logits, all_rows, token_ids,
-                positions, seq_rows, block_tables, logit_rows, step_temperature, step_top_p,
-                step_top_k, step_seeds, counters, tokens, history)
+        forward(T, R, model, step, history)
         grid_sync()
         if leader:  # D
-            publish_step(lanes, lane_stop_ids, tokens, row_lane, R, state, output_tokens,
-                         generated, first_token_ns, last_token_ns, finish_reason, eos_ids,
-                         block_tables, free_blocks, free_top, max_model_len, sched, control)
+            publish_step(ring, control, scheduler, step.tokens, history.row_lane, R,
+                         max_model_len)
 
 
 @cuda.jit(device=True)

@@ -24,14 +24,20 @@ def embed_tokens(embed, token_ids, x, block, n_blocks):
         x[t, d] = float32(embed[token_ids[t], d])
 
 
+@cuda.jit(device=True, inline=True)
+def silu_times(g, u):
+    """silu(g) * u = g * sigmoid(g) * u: SwiGLU for one element (also the gate/up GEMV's
+    epilogue at decode, ``linear.py``)."""
+    return g / (float32(1) + math.exp(-g)) * u
+
+
 @cuda.jit(device=True)
 def swiglu(gate_up, act, block, n_blocks):
     """act[t, f] = silu(gate[t, f]) * up[t, f], with gate_up (T, 2F) = [gate | up], act (T, F)."""
     F = act.shape[1]
     for e in range(block * THREADS + cuda.threadIdx.x, act.shape[0] * F, n_blocks * THREADS):
         t, f = e // F, e % F
-        g = gate_up[t, f]
-        act[t, f] = g / (float32(1) + math.exp(-g)) * gate_up[t, F + f]
+        act[t, f] = silu_times(gate_up[t, f], gate_up[t, F + f])
 
 
 def elementwise_items(num_elements: int) -> int:

@@ -18,13 +18,20 @@ place (``linear``) from the number of rows, so every executor takes the same pat
   ``TILE x TILE`` tile of inputs and one of weights into shared memory and each thread
   accumulates several outputs from them, so every weight loaded serves ``TILE`` tokens.
 
-Two fusions save whole kernels and round trips through memory:
+Fusions save whole kernels and round trips through memory:
 
 * **RMSNorm in the prologue**: ``rms_norm(x) @ W.T = inv_rms(x) * ((x * g) @ W.T)``, so the norm
   weight ``g`` is folded into the weights as they stream by and the per-token ``inv_rms`` scales
-  the result (pass an empty ``norm_w`` for no norm).
+  the result (pass an empty ``norm_w`` for no norm). In the GEMV the lanes of a row see all of
+  ``x`` anyway, so they add up its squares on the way: no separate pass, no barrier.
 * **Residual add in the epilogue**: with ``accumulate=1`` the result is added to ``out`` (which
   holds the residual stream) instead of overwriting it.
+* **At decode, the next op in the epilogue** (``gemv_qkv_rope``, ``gemv_swiglu``): a warp owns
+  the *pair* of rows one result needs — rows ``i`` and ``i + E/2`` of a head (a RoPE rotation
+  pair), or rows ``j`` and ``F + j`` of gate/up — so it rotates q and k and writes k and v to the
+  paged pool, or applies SwiGLU, itself. Two launches a layer fewer (``executors/forward_ops.py``
+  skips the RoPE and SwiGLU ops then). Batched steps keep them apart: a tile's outputs are not
+  paired that way.
 
 Accumulation is float32 whatever the weights' dtype (float32 or float16).
 """
@@ -40,8 +47,10 @@ from numba import float32
 from ..backend import get_backend
 from . import loads
 from .loads import VEC, load8, load8_1d
+from .elementwise import silu_times
 from .matmul_tc import store_output, tc_matmul
-from .reduce import THREADS, block_sum, cuda, warp_sum
+from .reduce import THREADS, cuda, warp_sum
+from .rope import place_pair
 
 GEMV_MAX_ROWS = 8  # decode batches up to this many tokens take the GEMV path
 # Threads sharing one output row in the GEMV: a warp on a GPU, whose lanes add their partial sums
@@ -57,6 +66,14 @@ PER_THREAD = TILE * TILE // THREADS  # outputs each thread accumulates in the ti
 TY_STEP = THREADS // TILE
 # Shared-array shapes must be compile-time constants: Numba reads a global tuple as one.
 TILE_SHAPE = (TILE, TILE + 1)  # one spare column per row: no shared-memory bank conflicts
+
+
+def gemv_work_items(rows: int) -> int:
+    """Work items of a GEMV over ``rows`` output rows (or row pairs): ROWS_PER_ITEM each."""
+    return (rows + ROWS_PER_ITEM - 1) // ROWS_PER_ITEM
+
+
+gemv_items = cuda.jit(device=True, inline=True)(gemv_work_items)  # the same, in a kernel
 
 
 @cuda.jit(device=True, inline=True)
@@ -81,11 +98,13 @@ def dot8_scaled(a, b, g):
 
 @cuda.jit(device=True, inline=True)
 def row_dot_wide(x, xr, norm_w, w, o, lane):
-    """This lane's share of (x[xr] * norm_w?) . w[o], eight weights per load (``loads.py``):
-    lane l reads w[o, 8l : 8l + 8], then 8 (l + LANES) ... Needs I % 8 == 0."""
+    """This lane's share of ((x[xr] * norm_w?) . w[o], x[xr] . x[xr]), eight weights per load
+    (``loads.py``): lane l reads w[o, 8l : 8l + 8], then 8 (l + LANES) ... Needs I % 8 == 0.
+    The sum of squares (for the RMS norm) comes from the same loads of x; 0 without a norm."""
     I = w.shape[1]
     use_norm = norm_w.shape[0] > 0
     dot = float32(0)
+    squares = float32(0)
     for k0 in range(lane * VEC, I, LANES * VEC * UNROLL):
         for u in range(UNROLL):  # a constant trip count: unrolled, its loads issued together
             k = k0 + u * LANES * VEC
@@ -94,62 +113,115 @@ def row_dot_wide(x, xr, norm_w, w, o, lane):
                 xk = load8(x, xr, k)
                 if use_norm:
                     dot += dot8_scaled(wk, xk, load8_1d(norm_w, k))
+                    squares += dot8(xk, xk)
                 else:
                     dot += dot8(wk, xk)
-    return dot
+    return dot, squares
 
 
 @cuda.jit(device=True, inline=True)
 def row_dot(x, xr, norm_w, w, o, lane):
-    """This lane's share of (x[xr] * norm_w?) . w[o], one element at a time (any I):
-    elements lane, lane + LANES, ..."""
+    """``row_dot_wide`` one element at a time (any I): elements lane, lane + LANES, ..."""
     I = w.shape[1]
     use_norm = norm_w.shape[0] > 0
     dot = float32(0)
+    squares = float32(0)
     for i0 in range(lane, I, LANES * UNROLL):
         for u in range(UNROLL):
             i = i0 + u * LANES
             if i < I:
                 wi = float32(w[o, i])
+                xi = x[xr, i]
                 if use_norm:
                     wi *= norm_w[i]
-                dot += wi * x[xr, i]
+                    squares += xi * xi
+                dot += wi * xi
+    return dot, squares
+
+
+@cuda.jit(device=True, inline=True)
+def normed_row_dot(x, xr, norm_w, eps, w, o, lane):
+    """rms_norm?(x[xr]) . w[o], in every lane of the LANES sharing row o. The norm rides along:
+    (x * g) . w scaled by 1 / rms(x), whose sum of squares the lanes gathered from the x they
+    loaded anyway, so the GEMV needs no separate pass over x, no shared memory, no barrier."""
+    I = w.shape[1]
+    if loads.WIDE_LOADS and I % VEC == 0:  # every row 16-byte aligned: wide loads
+        dot, squares = row_dot_wide(x, xr, norm_w, w, o, lane)
+    else:
+        dot, squares = row_dot(x, xr, norm_w, w, o, lane)
+    dot = lane_sum(dot)
+    if norm_w.shape[0] > 0:
+        dot *= float32(1) / math.sqrt(lane_sum(squares) / I + eps)
     return dot
 
 
 @cuda.jit(device=True, inline=True)
+def plus_bias(y, bias, o):
+    return y + bias[o] if bias.shape[0] > 0 else y
+
+
+@cuda.jit(device=True)
 def gemv(x, x_rows, norm_w, eps, w, bias, out, accumulate, block, n_blocks):
     """out[r, :] (+)= rms_norm?(x[x_rows[r]]) @ w.T + bias for r < R <= GEMV_MAX_ROWS.
 
     A warp (``LANES`` threads) owns one output row; a work item is the block's ROWS_PER_ITEM
     consecutive rows."""
     tid = cuda.threadIdx.x
-    R = x_rows.shape[0]
-    O, I = w.shape
     lane = tid % LANES
-    wide = loads.WIDE_LOADS and I % VEC == 0  # every row 16-byte aligned: wide loads
-    inv = cuda.shared.array(GEMV_MAX_ROWS, float32)
-    scratch = cuda.shared.array(THREADS, float32)
-    for r in range(R):  # per-token norm scales, computed once per block (not once per row)
-        scale = float32(1)
-        if norm_w.shape[0] > 0:
-            ss = float32(0)
-            for i in range(tid, I, THREADS):
-                ss += x[x_rows[r], i] * x[x_rows[r], i]
-            scale = float32(1) / math.sqrt(block_sum(ss, scratch) / I + eps)
-        if tid == 0:
-            inv[r] = scale
-    cuda.syncthreads()
-    for item in range(block, (O + ROWS_PER_ITEM - 1) // ROWS_PER_ITEM, n_blocks):
+    for item in range(block, gemv_items(w.shape[0]), n_blocks):
         o = item * ROWS_PER_ITEM + tid // LANES  # this warp's output row
-        if o < O:  # a whole warp agrees, so the shuffles inside see all 32 lanes
-            for r in range(R):
-                if wide:
-                    dot = lane_sum(row_dot_wide(x, x_rows[r], norm_w, w, o, lane))
-                else:
-                    dot = lane_sum(row_dot(x, x_rows[r], norm_w, w, o, lane))
+        if o < w.shape[0]:  # a whole warp agrees, so the shuffles inside see all 32 lanes
+            for r in range(x_rows.shape[0]):
+                dot = normed_row_dot(x, x_rows[r], norm_w, eps, w, o, lane)
                 if lane == 0:
-                    store_output(out, r, o, dot * inv[r], bias, accumulate)
+                    store_output(out, r, o, dot, bias, accumulate)
+
+
+@cuda.jit(device=True)
+def gemv_swiglu(x, x_rows, norm_w, eps, w, bias, act, block, n_blocks):
+    """act[r, j] = silu(g) * u, where g and u are rows j and F + j of
+    rms_norm?(x[x_rows[r]]) @ w.T + bias: the gate/up GEMV with SwiGLU in its epilogue, for a
+    decode batch (R <= GEMV_MAX_ROWS). w (2F, I) = [W_gate; W_up]; act (R, F). A warp owns the
+    pair of rows one output needs, so gate/up never goes through memory."""
+    tid = cuda.threadIdx.x
+    lane = tid % LANES
+    F = act.shape[1]
+    for item in range(block, gemv_items(F), n_blocks):
+        j = item * ROWS_PER_ITEM + tid // LANES
+        if j < F:
+            for r in range(x_rows.shape[0]):
+                g = plus_bias(normed_row_dot(x, x_rows[r], norm_w, eps, w, j, lane), bias, j)
+                u = plus_bias(normed_row_dot(x, x_rows[r], norm_w, eps, w, F + j, lane), bias,
+                              F + j)
+                if lane == 0:
+                    act[r, j] = silu_times(g, u)
+
+
+@cuda.jit(device=True)
+def gemv_qkv_rope(x, x_rows, norm_w, eps, w, bias, qkv, positions, seq_rows, block_tables, cos,
+                  sin, kv_pool, layer, num_heads, num_kv_heads, block, n_blocks):
+    """The qkv GEMV of a decode batch (R <= GEMV_MAX_ROWS) with RoPE and the KV write in its
+    epilogue (``rope.place_pair``): a warp owns rows i and i + E/2 of one head, a rotation pair,
+    so it can rotate what it computed and put it where it goes — queries into qkv (T, ...),
+    keys and values into token x_rows[r]'s paged slot of kv_pool (N, L, 2, B, K, E)."""
+    tid = cuda.threadIdx.x
+    lane = tid % LANES
+    half = kv_pool.shape[5] // 2
+    E = 2 * half
+    pairs = (num_heads + 2 * num_kv_heads) * half
+    for item in range(block, gemv_items(pairs), n_blocks):
+        pair = item * ROWS_PER_ITEM + tid // LANES
+        if pair < pairs:
+            head, i = pair // half, pair % half
+            o = head * E + i
+            for r in range(x_rows.shape[0]):
+                t = x_rows[r]
+                x1 = plus_bias(normed_row_dot(x, t, norm_w, eps, w, o, lane), bias, o)
+                x2 = plus_bias(normed_row_dot(x, t, norm_w, eps, w, o + half, lane), bias,
+                               o + half)
+                if lane == 0:
+                    place_pair(qkv, t, head, i, x1, x2, positions, seq_rows, block_tables, cos,
+                               sin, kv_pool, layer, num_heads, num_kv_heads)
 
 
 @cuda.jit(device=True, inline=True)
@@ -290,6 +362,18 @@ def gemv_kernel(x, x_rows, norm_w, eps, w, bias, out, accumulate):
 
 
 @cuda.jit
+def gemv_swiglu_kernel(x, x_rows, norm_w, eps, w, bias, act):
+    gemv_swiglu(x, x_rows, norm_w, eps, w, bias, act, cuda.blockIdx.x, cuda.gridDim.x)
+
+
+@cuda.jit
+def gemv_qkv_rope_kernel(x, x_rows, norm_w, eps, w, bias, qkv, positions, seq_rows, block_tables,
+                         cos, sin, kv_pool, layer, num_heads, num_kv_heads):
+    gemv_qkv_rope(x, x_rows, norm_w, eps, w, bias, qkv, positions, seq_rows, block_tables, cos,
+                  sin, kv_pool, layer, num_heads, num_kv_heads, cuda.blockIdx.x, cuda.gridDim.x)
+
+
+@cuda.jit
 def batched_matmul_kernel(x, x_rows, norm_w, eps, w, bias, out, accumulate):
     batched_matmul(x, x_rows, norm_w, eps, w, bias, out, accumulate, cuda.blockIdx.x,
                    cuda.gridDim.x)
@@ -308,5 +392,5 @@ def linear_work_items(num_rows: int, out_features: int) -> int:
     """How many work items ``linear`` has (to size the grid; for more than GEMV_MAX_ROWS rows,
     the FMA tile's count, which bounds the tensor-core tile's: its tiles are larger)."""
     if num_rows <= GEMV_MAX_ROWS:
-        return -(-out_features // ROWS_PER_ITEM)
+        return gemv_work_items(out_features)
     return -(-num_rows // TILE) * -(-out_features // TILE)

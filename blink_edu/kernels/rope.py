@@ -2,9 +2,14 @@
 
 Fused on purpose: right after the q/k/v projection, each token's key must be rotated *and then*
 stored in its paged slot, so one kernel does both (and rotates the queries in place for the
-attention kernel that follows). Every rotation pair and every value of the batch gets its own
-thread of the grid, so even a single decode token is spread over several blocks. Llama's "rotate half" convention pairs element ``i`` with
-``i + E/2``; ``cos``/``sin`` come from a table precomputed on the host, indexed by position.
+attention kernel that follows). Every pair of the batch gets its own thread of the grid, so even
+a single decode token is spread over several blocks. Llama's "rotate half" convention pairs
+element ``i`` with ``i + E/2``; ``cos``/``sin`` come from a table precomputed on the host,
+indexed by position. Values are moved in the same pairs, unrotated.
+
+At decode this kernel does not run at all: the qkv GEMV computes each pair itself and places it
+with the same ``place_pair`` in its epilogue (``linear.py``), which saves a launch and a round
+trip of q, k and v through memory every layer.
 
 The paged slot of a token at position ``p`` of the sequence in block-table row ``s``:
 ``block = block_tables[s, p // B]``, ``slot = p % B``; the pool is block-first,
@@ -16,43 +21,60 @@ from __future__ import annotations
 from .reduce import THREADS, cuda
 
 
+@cuda.jit(device=True, inline=True)
+def kv_slot(positions, seq_rows, block_tables, t, block_size):
+    """(block, slot) of token t's paged KV slot (the module docstring)."""
+    p = positions[t]
+    return block_tables[seq_rows[t], p // block_size], p % block_size
+
+
+@cuda.jit(device=True, inline=True)
+def place_pair(qkv, t, head, i, x1, x2, positions, seq_rows, block_tables, cos, sin, kv_pool,
+               layer, num_heads, num_kv_heads):
+    """Where elements i and i + E/2 of head ``head`` of token t's fresh [q | k | v] go: a query
+    pair rotated, in place in qkv (T, (H + 2K) E); a key pair rotated and a value pair as it is,
+    into the token's paged slot of kv_pool (N, L, 2, B, K, E). cos, sin (max_positions, E/2).
+    ``rope_and_write_kv`` calls it with the pair read from qkv; the qkv GEMV (``linear.py``), at
+    decode, with the pair it has just computed."""
+    E = kv_pool.shape[5]
+    half = E // 2
+    H, K = num_heads, num_kv_heads
+    if head < H + K:  # a query or key pair: rotate by the token's position
+        p = positions[t]
+        c, s = cos[p, i], sin[p, i]
+        x1, x2 = x1 * c - x2 * s, x2 * c + x1 * s
+    if head < H:
+        qkv[t, head * E + i] = x1
+        qkv[t, head * E + i + half] = x2
+    else:
+        blk, slot = kv_slot(positions, seq_rows, block_tables, t, kv_pool.shape[3])
+        which = 0 if head < H + K else 1  # 0: keys, 1: values
+        kv_head = head - H - which * K
+        kv_pool[blk, layer, which, slot, kv_head, i] = x1
+        kv_pool[blk, layer, which, slot, kv_head, i + half] = x2
+
+
 @cuda.jit(device=True)
 def rope_and_write_kv(qkv, positions, seq_rows, block_tables, cos, sin, kv_pool, layer,
                       num_heads, num_kv_heads, block, n_blocks):
     """qkv (T, (H + 2K) * E) = [q | k | v] per token: rotates q in place, writes rotated k and v
-    to the pool. cos, sin (max_positions, E/2); kv_pool (N, L, 2, B, K, E)."""
-    B = kv_pool.shape[3]
+    to the pool. cos, sin (max_positions, E/2); kv_pool (N, L, 2, B, K, E). One thread a pair
+    (i, i + E/2) of one head of one token: (H + 2K) E / 2 pairs a token."""
     E = kv_pool.shape[5]
     half = E // 2
-    H, K = num_heads, num_kv_heads
-    pairs = (H + K) * half  # per token: this many rotation pairs, then K * E values to copy
-    per_token = pairs + K * E
+    per_token = (num_heads + 2 * num_kv_heads) * half
     for e in range(block * THREADS + cuda.threadIdx.x, qkv.shape[0] * per_token,
                    n_blocks * THREADS):
         t, j = e // per_token, e % per_token
-        p = positions[t]
-        blk = block_tables[seq_rows[t], p // B]
-        slot = p % B
-        if j < pairs:  # one rotation pair
-            head, i = j // half, j % half
-            base = head * E  # q heads first, then k heads: the same offsets as in qkv
-            x1, x2 = qkv[t, base + i], qkv[t, base + i + half]
-            c, s = cos[p, i], sin[p, i]
-            r1, r2 = x1 * c - x2 * s, x2 * c + x1 * s
-            if head < H:
-                qkv[t, base + i] = r1
-                qkv[t, base + i + half] = r2
-            else:
-                kv_pool[blk, layer, 0, slot, head - H, i] = r1
-                kv_pool[blk, layer, 0, slot, head - H, i + half] = r2
-        else:  # a value: a plain copy
-            v = j - pairs
-            kv_pool[blk, layer, 1, slot, v // E, v % E] = qkv[t, (H + K) * E + v]
+        head, i = j // half, j % half
+        place_pair(qkv, t, head, i, qkv[t, head * E + i], qkv[t, head * E + i + half],
+                   positions, seq_rows, block_tables, cos, sin, kv_pool, layer, num_heads,
+                   num_kv_heads)
 
 
 def rope_work_items(num_tokens: int, num_heads: int, num_kv_heads: int, head_dim: int) -> int:
     """Blocks that give every rotation pair and every value copy of the batch its own thread."""
-    per_token = (num_heads + num_kv_heads) * (head_dim // 2) + num_kv_heads * head_dim
+    per_token = (num_heads + 2 * num_kv_heads) * (head_dim // 2)
     return -(-num_tokens * per_token // THREADS)
 
 

@@ -42,3 +42,11 @@ def test_token_buckets_cover_every_step_size(budget, expected):
     assert buckets == expected
     for t in range(1, budget + 1):  # the kernel takes the first bucket >= T
         assert any(b >= t for b in buckets)
+
+
+def test_rope_and_swiglu_ride_in_their_gemvs_at_decode_only():
+    all_ops = range(fo.SAMPLE + 1)
+    assert {op for op in all_ops if fo.fused_into_gemv(op, 1)} == {fo.ROPE_KV, fo.SWIGLU}
+    assert {op for op in all_ops if fo.fused_into_gemv(op, fo.GEMV_MAX_ROWS)} == {fo.ROPE_KV,
+                                                                               fo.SWIGLU}
+    assert not any(fo.fused_into_gemv(op, fo.GEMV_MAX_ROWS + 1) for op in all_ops)

@@ -52,9 +52,9 @@ def running(weights, eos=(), dispatch="inline"):
 def assert_all_free(ring: Ring, executor: PersistentExecutor):
     assert (ring.state == EMPTY).all()
     state = executor.scheduler_state
-    assert int(state["free_top"].copy_to_host()[0]) == CONFIG.num_kv_blocks
-    assert sorted(state["free_blocks"].copy_to_host().tolist()) == list(range(CONFIG.num_kv_blocks))
-    assert (state["lanes"].copy_to_host()[:, pk.L_SLOT] == -1).all()
+    assert int(state.free_top.copy_to_host()[0]) == CONFIG.num_kv_blocks
+    assert sorted(state.free_blocks.copy_to_host().tolist()) == list(range(CONFIG.num_kv_blocks))
+    assert (state.lanes.copy_to_host()[:, pk.L_SLOT] == -1).all()
 
 
 @pytest.mark.parametrize("dispatch", DISPATCHERS)

@@ -86,7 +86,8 @@ class LabExecutor(EagerExecutor):
         unknown = set(use) - set(USES)
         if unknown:
             raise ValueError(f"use= takes {USES}, not {sorted(unknown)}")
-        super().__init__(weights, engine_config, **kwargs)
+        # every linear through launch_linear: no GEMV with RoPE or SwiGLU in its epilogue
+        super().__init__(weights, engine_config, fuse_epilogues=False, **kwargs)
         self.use = tuple(use)
         self.impl = implementation(1)
         self.launches = {"lab": 0, "project": 0}  # kernels launched, whose (for the notebook)
