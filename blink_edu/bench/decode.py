@@ -24,11 +24,10 @@ from pathlib import Path
 
 import numpy as np
 
-from ..config import EngineConfig, ModelConfig
+from ..config import EngineConfig, ModelConfig, SamplingParams
 from ..executors.kernel_executor import EagerExecutor, GraphExecutor
 from ..executors.step import pack_step
-from ..kernels.linear import TENSOR_CORES
-from ..config import SamplingParams
+from ..kernels.linear import GEMV_MAX_ROWS, TENSOR_CORES
 from ..kv.block_manager import BlockManager
 from ..model.bundled import resolve_model_dir
 from ..model.weights import ModelWeights, load_weights, random_weights
@@ -93,7 +92,9 @@ class DecodeRun:
             self.blocks.free(s)
 
 
-def time_executor(executor, batches, prompt_len, steps, vocab, rng) -> list[dict]:
+def time_executor(executor, batches, prompt_len, steps, vocab, rng, label=None) -> list[dict]:
+    """Decode TPOT of ``executor`` at each batch size; rows labelled ``label`` (its name)."""
+    label = label or executor.name
     rows = []
     for batch in batches:
         run = DecodeRun(executor, batch, prompt_len, vocab, rng)
@@ -102,7 +103,7 @@ def time_executor(executor, batches, prompt_len, steps, vocab, rng) -> list[dict
             run.step()
         times = [run.step() for _ in range(steps)]
         tpot = statistics.median(times)
-        row = {"executor": executor.name, "batch": batch, "tpot_us": tpot * 1e6,
+        row = {"executor": label, "batch": batch, "tpot_us": tpot * 1e6,
                "tokens_per_s": batch / tpot, "step_times_us": [t * 1e6 for t in times]}
         if executor.name == "eager":
             row["host_launch_us"] = host_launch_time(executor, batch) * 1e6
@@ -111,7 +112,7 @@ def time_executor(executor, batches, prompt_len, steps, vocab, rng) -> list[dict
             print(f"    GPU us per op kind (isolated): {ops}", flush=True)
         run.free()
         rows.append(row)
-        print(f"  {executor.name:6s} B={batch:4d}  TPOT {tpot * 1e6:9.1f} us  {batch / tpot:9.0f} tok/s",
+        print(f"  {label:6s} B={batch:4d}  TPOT {tpot * 1e6:9.1f} us  {batch / tpot:9.0f} tok/s",
               flush=True)
     return rows
 
@@ -310,6 +311,12 @@ def bench_model(label: str, weights: ModelWeights, hf_folder: Path | None, args,
                     r["gpu_us"] = graph_gpu_time(executor, r["batch"]) * 1e6
             rows.append({"executor": "graph", "graphs_captured": len(executor.graphs),
                          "capture_seconds": executor.capture_seconds})
+        del executor
+    decode_batches = [b for b in batches if b <= GEMV_MAX_ROWS]
+    if decode_batches:  # the ladder's previous rung: RoPE and SwiGLU as kernels of their own
+        executor = GraphExecutor(weights, engine, weight_dtype=np.float16, fuse_epilogues=False)
+        rows += time_executor(executor, decode_batches, args.prompt_len, args.steps,
+                              cfg.vocab_size, rng, label="graph_unfused")
         del executor
     if args.peers:
         from .torch_peer import PeerSettings, peer_rows
