@@ -56,9 +56,8 @@ def test_gate_up_gemv_with_swiglu(rng, rows, wdtype, tol, width, norm_bias):
 def test_qkv_gemv_with_rope_and_kv_write(rng, heads, kv_heads, head_dim, wdtype, tol, norm_bias):
     cfg = tiny_config(rng, heads=heads, kv_heads=kv_heads, head_dim=head_dim)
     H, K, E, B, N = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, 4, 12
-    positions, seq_rows, tables = ragged_batch(rng, 3, B, N, 20)
+    positions, seq_rows, tables = ragged_batch(rng, 2, B, N, 20)  # 1..3 new tokens a sequence
     T = len(positions)  # a decode batch of up to GEMV_MAX_ROWS tokens, each its own x row
-    assert T <= GEMV_MAX_ROWS
     D = int(rng.integers(3, 7)) * 8 + (0 if head_dim % 8 == 0 else 3)
     x = rng.standard_normal((T, D)).astype(np.float32)
     w = (rng.standard_normal(((H + 2 * K) * E, D)) / np.sqrt(D)).astype(wdtype)
