@@ -27,7 +27,7 @@ import numpy as np
 from ..config import EngineConfig, ModelConfig, SamplingParams
 from ..executors.kernel_executor import EagerExecutor, GraphExecutor
 from ..executors.step import pack_step
-from ..kernels.linear import GEMV_MAX_ROWS, TENSOR_CORES
+from ..kernels.linear import FUSED_GEMV_MAX_ROWS, TENSOR_CORES
 from ..kv.block_manager import BlockManager
 from ..model.bundled import resolve_model_dir
 from ..model.weights import ModelWeights, load_weights, random_weights
@@ -312,7 +312,7 @@ def bench_model(label: str, weights: ModelWeights, hf_folder: Path | None, args,
             rows.append({"executor": "graph", "graphs_captured": len(executor.graphs),
                          "capture_seconds": executor.capture_seconds})
         del executor
-    decode_batches = [b for b in batches if b <= GEMV_MAX_ROWS]
+    decode_batches = [b for b in batches if b <= FUSED_GEMV_MAX_ROWS]
     if decode_batches:  # the ladder's previous rung: RoPE and SwiGLU as kernels of their own
         executor = GraphExecutor(weights, engine, weight_dtype=np.float16, fuse_epilogues=False)
         rows += time_executor(executor, decode_batches, args.prompt_len, args.steps,

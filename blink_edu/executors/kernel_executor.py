@@ -6,7 +6,7 @@ issues them:
 
 * ``EagerExecutor`` — a Python loop launches every kernel of every step: 1 embedding gather,
   7 per layer (norm+qkv, rope+kv-write, attention, o-proj+residual, norm+gate/up, SwiGLU,
-  down+residual), the LM head and the sampler; 5 per layer at decode, where RoPE and SwiGLU ride
+  down+residual), the LM head and the sampler; 5 per layer at batch 1, where RoPE and SwiGLU ride
   in their GEMV's epilogue (``forward_ops.fused_into_gemv``; ``fuse_epilogues=False`` keeps all
   seven, to measure what the fusion buys or to route every linear through ``launch_linear``). Each launch costs tens of microseconds of host
   time, so at small batch the GPU mostly waits for Python.
@@ -33,7 +33,7 @@ from ..backend import get_backend
 from ..config import EngineConfig
 from ..kernels.attention import paged_attention_kernel
 from ..kernels.elementwise import embed_tokens_kernel, swiglu_kernel
-from ..kernels.linear import (GEMV_MAX_ROWS, gemv_qkv_rope_kernel, gemv_swiglu_kernel,
+from ..kernels.linear import (FUSED_GEMV_MAX_ROWS, gemv_qkv_rope_kernel, gemv_swiglu_kernel,
                               gemv_work_items, linear_kernel_for, linear_work_items)
 from ..kernels.reduce import THREADS, cuda, grid_for
 from ..kernels.rope import rope_and_write_kv_kernel
@@ -296,7 +296,7 @@ class EagerExecutor:
 
     def fuses(self, t_b: int) -> bool:
         """Whether a step of T_b tokens runs RoPE and SwiGLU in their GEMVs' epilogues."""
-        return self.fuse_epilogues and t_b <= GEMV_MAX_ROWS
+        return self.fuse_epilogues and t_b <= FUSED_GEMV_MAX_ROWS
 
     def launch_linear(self, x, rows, norm, w, b, out, accumulate) -> None:
         """out (+)= rms_norm?(x[rows]) @ w.T + b (``kernels/linear.py``). A subclass may launch

@@ -26,12 +26,13 @@ Fusions save whole kernels and round trips through memory:
   ``x`` anyway, so they add up its squares on the way: no separate pass, no barrier.
 * **Residual add in the epilogue**: with ``accumulate=1`` the result is added to ``out`` (which
   holds the residual stream) instead of overwriting it.
-* **At decode, the next op in the epilogue** (``gemv_qkv_rope``, ``gemv_swiglu``): a warp owns
+* **At batch 1, the next op in the epilogue** (``gemv_qkv_rope``, ``gemv_swiglu``): a warp owns
   the *pair* of rows one result needs — rows ``i`` and ``i + E/2`` of a head (a RoPE rotation
   pair), or rows ``j`` and ``F + j`` of gate/up — so it rotates q and k and writes k and v to the
-  paged pool, or applies SwiGLU, itself. Two launches a layer fewer (``executors/forward_ops.py``
-  skips the RoPE and SwiGLU ops then). Batched steps keep them apart: a tile's outputs are not
-  paired that way.
+  paged pool, or applies SwiGLU, itself. Two launches (or grid barriers) a layer fewer
+  (``executors/forward_ops.py`` skips the RoPE and SwiGLU ops then). Larger steps keep them
+  apart (``FUSED_GEMV_MAX_ROWS``: measured, a fused warp's two rows cost more than the launch
+  they save once there are several tokens), and so do tiles, whose outputs are not paired.
 
 Accumulation is float32 whatever the weights' dtype (float32 or float16).
 """
@@ -53,6 +54,11 @@ from .reduce import THREADS, cuda, warp_sum
 from .rope import place_pair
 
 GEMV_MAX_ROWS = 8  # decode batches up to this many tokens take the GEMV path
+# Steps of up to this many tokens run gemv_qkv_rope and gemv_swiglu (the next op in the GEMV's
+# epilogue). Their warp computes two rows, one token after the other, where the plain GEMV gives
+# each row a warp: on the H200 (bench.decode at db4e630) the fused step at batch 1 was as fast as
+# the unfused one (the 135M shape) or 3% faster (the bundled model), and at batch 8 15-20% slower.
+FUSED_GEMV_MAX_ROWS = 1
 # Threads sharing one output row in the GEMV: a warp on a GPU, whose lanes add their partial sums
 # with shuffles. Numba's simulator has no shuffles, so there each thread owns a whole row.
 LANES = 1 if get_backend().is_simulator else 32
@@ -91,77 +97,68 @@ def dot8(a, b):
 
 
 @cuda.jit(device=True, inline=True)
-def mul8(a, b):
-    return (a[0] * b[0], a[1] * b[1], a[2] * b[2], a[3] * b[3], a[4] * b[4], a[5] * b[5],
-            a[6] * b[6], a[7] * b[7])
+def dot8_scaled(a, b, g):
+    return (a[0] * b[0] * g[0] + a[1] * b[1] * g[1] + a[2] * b[2] * g[2] + a[3] * b[3] * g[3]
+            + a[4] * b[4] * g[4] + a[5] * b[5] * g[5] + a[6] * b[6] * g[6] + a[7] * b[7] * g[7])
 
 
 @cuda.jit(device=True, inline=True)
-def accumulate_rows(x, x_rows, norm_w, w, o1, o2, lane, dots1, dots2, squares):
-    """This lane's share, for every token r < R <= GEMV_MAX_ROWS of the batch, of
-    dots1[r] += (x[x_rows[r]] * norm_w?) . w[o1], dots2[r] += the same with w[o2] (when
-    o2 >= 0: a pair of rows, both rows' loads in flight together), squares[r] += x . x (with a
-    norm: the RMS norm's sum of squares, from the loads of x the dot product makes anyway).
-    Each weight row is read once for the whole batch. Wide: lane l reads w[o, 8l : 8l + 8],
-    then 8 (l + LANES), ... (needs I % 8 == 0); otherwise elements l, l + LANES, ..."""
+def row_dot_wide(x, xr, norm_w, w, o, lane):
+    """This lane's share of ((x[xr] * norm_w?) . w[o], x[xr] . x[xr]), eight weights per load
+    (``loads.py``): lane l reads w[o, 8l : 8l + 8], then 8 (l + LANES) ... Needs I % 8 == 0.
+    The sum of squares (for the RMS norm) comes from the same loads of x; 0 without a norm."""
     I = w.shape[1]
-    R = x_rows.shape[0]
     use_norm = norm_w.shape[0] > 0
-    pair = o2 >= 0
-    if loads.WIDE_LOADS and I % VEC == 0:  # every row 16-byte aligned: wide loads
-        for k0 in range(lane * VEC, I, LANES * VEC * UNROLL):
-            for u in range(UNROLL):  # a constant trip count: unrolled, its loads issued together
-                k = k0 + u * LANES * VEC
-                if k < I:
-                    w1 = load8(w, o1, k)
-                    w2 = load8(w, o2, k) if pair else w1
-                    if use_norm:  # fold the norm's weight into the weights as they stream by
-                        g = load8_1d(norm_w, k)
-                        w1 = mul8(w1, g)
-                        w2 = mul8(w2, g)
-                    for r in range(GEMV_MAX_ROWS):  # constant trip count: registers, not memory
-                        if r < R:
-                            xk = load8(x, x_rows[r], k)
-                            dots1[r] += dot8(w1, xk)
-                            if pair:
-                                dots2[r] += dot8(w2, xk)
-                            if use_norm:
-                                squares[r] += dot8(xk, xk)
-        return
+    dot = float32(0)
+    squares = float32(0)
+    for k0 in range(lane * VEC, I, LANES * VEC * UNROLL):
+        for u in range(UNROLL):  # a constant trip count: unrolled, its loads issued together
+            k = k0 + u * LANES * VEC
+            if k < I:
+                wk = load8(w, o, k)
+                xk = load8(x, xr, k)
+                if use_norm:
+                    dot += dot8_scaled(wk, xk, load8_1d(norm_w, k))
+                    squares += dot8(xk, xk)
+                else:
+                    dot += dot8(wk, xk)
+    return dot, squares
+
+
+@cuda.jit(device=True, inline=True)
+def row_dot(x, xr, norm_w, w, o, lane):
+    """``row_dot_wide`` one element at a time (any I): elements lane, lane + LANES, ..."""
+    I = w.shape[1]
+    use_norm = norm_w.shape[0] > 0
+    dot = float32(0)
+    squares = float32(0)
     for i0 in range(lane, I, LANES * UNROLL):
         for u in range(UNROLL):
             i = i0 + u * LANES
             if i < I:
-                w1 = float32(w[o1, i])
-                w2 = float32(w[o2, i]) if pair else w1
+                wi = float32(w[o, i])
+                xi = x[xr, i]
                 if use_norm:
-                    w1 *= norm_w[i]
-                    w2 *= norm_w[i]
-                for r in range(GEMV_MAX_ROWS):
-                    if r < R:
-                        xi = x[x_rows[r], i]
-                        dots1[r] += w1 * xi
-                        if pair:
-                            dots2[r] += w2 * xi
-                        if use_norm:
-                            squares[r] += xi * xi
+                    wi *= norm_w[i]
+                    squares += xi * xi
+                dot += wi * xi
+    return dot, squares
 
 
 @cuda.jit(device=True, inline=True)
-def clear_rows(dots1, dots2, squares):
-    for r in range(GEMV_MAX_ROWS):
-        dots1[r] = 0
-        dots2[r] = 0
-        squares[r] = 0
-
-
-@cuda.jit(device=True, inline=True)
-def inv_rms_of(squares, norm_w, eps, I):
-    """1 / rms of a row of x from this lane's share of its sum of squares (1 without a norm): the
-    lanes add their shares (``lane_sum``: every lane of the row must call it)."""
-    if norm_w.shape[0] == 0:
-        return float32(1)
-    return float32(1) / math.sqrt(lane_sum(squares) / I + eps)
+def normed_row_dot(x, xr, norm_w, eps, w, o, lane):
+    """rms_norm?(x[xr]) . w[o], in every lane of the LANES sharing row o. The norm rides along:
+    (x * g) . w scaled by 1 / rms(x), whose sum of squares the lanes gathered from the x they
+    loaded anyway, so the GEMV needs no separate pass over x, no shared memory, no barrier."""
+    I = w.shape[1]
+    if loads.WIDE_LOADS and I % VEC == 0:  # every row 16-byte aligned: wide loads
+        dot, squares = row_dot_wide(x, xr, norm_w, w, o, lane)
+    else:
+        dot, squares = row_dot(x, xr, norm_w, w, o, lane)
+    dot = lane_sum(dot)
+    if norm_w.shape[0] > 0:
+        dot *= float32(1) / math.sqrt(lane_sum(squares) / I + eps)
+    return dot
 
 
 @cuda.jit(device=True, inline=True)
@@ -173,22 +170,17 @@ def plus_bias(y, bias, o):
 def gemv(x, x_rows, norm_w, eps, w, bias, out, accumulate, block, n_blocks):
     """out[r, :] (+)= rms_norm?(x[x_rows[r]]) @ w.T + bias for r < R <= GEMV_MAX_ROWS.
 
-    A warp (``LANES`` threads) owns one output row for the whole batch; a work item is the
-    block's ROWS_PER_ITEM consecutive rows."""
+    A warp (``LANES`` threads) owns one output row; a work item is the block's ROWS_PER_ITEM
+    consecutive rows."""
     tid = cuda.threadIdx.x
     lane = tid % LANES
-    dots = cuda.local.array(GEMV_MAX_ROWS, float32)
-    squares = cuda.local.array(GEMV_MAX_ROWS, float32)
     for item in range(block, gemv_items(w.shape[0]), n_blocks):
         o = item * ROWS_PER_ITEM + tid // LANES  # this warp's output row
         if o < w.shape[0]:  # a whole warp agrees, so the shuffles inside see all 32 lanes
-            clear_rows(dots, dots, squares)
-            accumulate_rows(x, x_rows, norm_w, w, o, -1, lane, dots, dots, squares)
-            for r in range(GEMV_MAX_ROWS):
-                if r < x_rows.shape[0]:
-                    y = lane_sum(dots[r]) * inv_rms_of(squares[r], norm_w, eps, w.shape[1])
-                    if lane == 0:
-                        store_output(out, r, o, y, bias, accumulate)
+            for r in range(x_rows.shape[0]):
+                dot = normed_row_dot(x, x_rows[r], norm_w, eps, w, o, lane)
+                if lane == 0:
+                    store_output(out, r, o, dot, bias, accumulate)
 
 
 @cuda.jit(device=True)
@@ -200,21 +192,15 @@ def gemv_swiglu(x, x_rows, norm_w, eps, w, bias, act, block, n_blocks):
     tid = cuda.threadIdx.x
     lane = tid % LANES
     F = act.shape[1]
-    gates = cuda.local.array(GEMV_MAX_ROWS, float32)
-    ups = cuda.local.array(GEMV_MAX_ROWS, float32)
-    squares = cuda.local.array(GEMV_MAX_ROWS, float32)
     for item in range(block, gemv_items(F), n_blocks):
         j = item * ROWS_PER_ITEM + tid // LANES
         if j < F:
-            clear_rows(gates, ups, squares)
-            accumulate_rows(x, x_rows, norm_w, w, j, F + j, lane, gates, ups, squares)
-            for r in range(GEMV_MAX_ROWS):
-                if r < x_rows.shape[0]:
-                    inv = inv_rms_of(squares[r], norm_w, eps, w.shape[1])
-                    g = plus_bias(lane_sum(gates[r]) * inv, bias, j)
-                    u = plus_bias(lane_sum(ups[r]) * inv, bias, F + j)
-                    if lane == 0:
-                        act[r, j] = silu_times(g, u)
+            for r in range(x_rows.shape[0]):
+                g = plus_bias(normed_row_dot(x, x_rows[r], norm_w, eps, w, j, lane), bias, j)
+                u = plus_bias(normed_row_dot(x, x_rows[r], norm_w, eps, w, F + j, lane), bias,
+                              F + j)
+                if lane == 0:
+                    act[r, j] = silu_times(g, u)
 
 
 @cuda.jit(device=True)
@@ -227,26 +213,21 @@ def gemv_qkv_rope(x, x_rows, norm_w, eps, w, bias, qkv, positions, seq_rows, blo
     tid = cuda.threadIdx.x
     lane = tid % LANES
     half = kv_pool.shape[5] // 2
+    E = 2 * half
     pairs = (num_heads + 2 * num_kv_heads) * half
-    firsts = cuda.local.array(GEMV_MAX_ROWS, float32)
-    seconds = cuda.local.array(GEMV_MAX_ROWS, float32)
-    squares = cuda.local.array(GEMV_MAX_ROWS, float32)
     for item in range(block, gemv_items(pairs), n_blocks):
         pair = item * ROWS_PER_ITEM + tid // LANES
         if pair < pairs:
             head, i = pair // half, pair % half
-            o = head * 2 * half + i
-            clear_rows(firsts, seconds, squares)
-            accumulate_rows(x, x_rows, norm_w, w, o, o + half, lane, firsts, seconds, squares)
-            for r in range(GEMV_MAX_ROWS):
-                if r < x_rows.shape[0]:
-                    inv = inv_rms_of(squares[r], norm_w, eps, w.shape[1])
-                    x1 = plus_bias(lane_sum(firsts[r]) * inv, bias, o)
-                    x2 = plus_bias(lane_sum(seconds[r]) * inv, bias, o + half)
-                    if lane == 0:
-                        place_pair(qkv, x_rows[r], head, i, x1, x2, positions, seq_rows,
-                                   block_tables, cos, sin, kv_pool, layer, num_heads,
-                                   num_kv_heads)
+            o = head * E + i
+            for r in range(x_rows.shape[0]):
+                t = x_rows[r]
+                x1 = plus_bias(normed_row_dot(x, t, norm_w, eps, w, o, lane), bias, o)
+                x2 = plus_bias(normed_row_dot(x, t, norm_w, eps, w, o + half, lane), bias,
+                               o + half)
+                if lane == 0:
+                    place_pair(qkv, t, head, i, x1, x2, positions, seq_rows, block_tables, cos,
+                               sin, kv_pool, layer, num_heads, num_kv_heads)
 
 
 @cuda.jit(device=True, inline=True)

@@ -44,9 +44,10 @@ def test_token_buckets_cover_every_step_size(budget, expected):
         assert any(b >= t for b in buckets)
 
 
-def test_rope_and_swiglu_ride_in_their_gemvs_at_decode_only():
+def test_rope_and_swiglu_ride_in_their_gemvs_in_the_smallest_steps_only():
     all_ops = range(fo.SAMPLE + 1)
     assert {op for op in all_ops if fo.fused_into_gemv(op, 1)} == {fo.ROPE_KV, fo.SWIGLU}
-    assert {op for op in all_ops if fo.fused_into_gemv(op, fo.GEMV_MAX_ROWS)} == {fo.ROPE_KV,
-                                                                               fo.SWIGLU}
-    assert not any(fo.fused_into_gemv(op, fo.GEMV_MAX_ROWS + 1) for op in all_ops)
+    assert {op for op in all_ops
+            if fo.fused_into_gemv(op, fo.FUSED_GEMV_MAX_ROWS)} == {fo.ROPE_KV, fo.SWIGLU}
+    assert not any(fo.fused_into_gemv(op, fo.FUSED_GEMV_MAX_ROWS + 1) for op in all_ops)
+    assert fo.FUSED_GEMV_MAX_ROWS <= fo.GEMV_MAX_ROWS  # the fused kernels are GEMVs
