@@ -222,7 +222,10 @@ def test_adjusting_from_the_history_is_bit_identical_to_the_reference(rng):
     bias_ids = np.full((S, B), -1, np.int32)
     bias_values = np.zeros((S, B), np.float32)
     for s in range(S):
-        ids = rng.choice(np.r_[histories[s, :2], rng.integers(30, V, size=3)], 3, replace=False)
+        # distinct ids (a logit_bias names a token once): two generated ones, three never generated
+        ids = rng.choice(np.unique(np.r_[histories[s, :2], rng.choice(np.arange(30, V), 3,
+                                                                      replace=False)]),
+                         3, replace=False)
         bias_ids[s, :3] = ids
         bias_values[s, :3] = rng.uniform(-100, 100, size=3)
     expected = []
