@@ -8,8 +8,8 @@ of the model is always the same sequence of ops::
     k = 1 .. 7 L         QKV, ROPE_KV, ATTENTION, O_PROJ, GATE_UP, SWIGLU, DOWN   (per layer)
     k = 7 L + 1, + 2     LM_HEAD, SAMPLE
 
-At batch 1 (``T <= FUSED_GEMV_MAX_ROWS``) ROPE_KV and SWIGLU ride in the epilogue of the GEMV before
-them (``kernels/linear.py``: ``gemv_qkv_rope``, ``gemv_swiglu``) and are skipped:
+At batch 1 (``T <= FUSED_GEMV_MAX_ROWS``) ROPE_KV and SWIGLU ride in the epilogue of the GEMV
+before them (``kernels/linear.py``: ``gemv_qkv_rope``, ``gemv_swiglu``) and are skipped:
 ``fused_into_gemv(op, T)`` says so, the same way for every executor — five ops a layer instead
 of seven, so five launches or grid barriers.
 
@@ -31,8 +31,8 @@ from typing import NamedTuple
 
 from ..kernels.attention import paged_attention
 from ..kernels.elementwise import elementwise_items, embed_tokens, swiglu
-from ..kernels.linear import (FUSED_GEMV_MAX_ROWS, GEMV_MAX_ROWS, gemv_qkv_rope, gemv_swiglu, linear_in_megakernel,
-                              linear_work_items)
+from ..kernels.linear import (FUSED_GEMV_MAX_ROWS, GEMV_MAX_ROWS, gemv_qkv_rope, gemv_swiglu,
+                              linear_in_megakernel, linear_work_items)
 from ..kernels.reduce import cuda, grid_for
 from ..kernels.rope import rope_and_write_kv, rope_work_items
 from ..kernels.sampling import adjust_row_from_history, sample_rows
@@ -164,7 +164,7 @@ def forward_op(op, i, T, R, model, step, history, blk, nb):
         embed_tokens(m.embed, s.token_ids[:T], x, blk, nb)
     elif fused_into_gemv_device(op, T):
         pass  # done in the epilogue of the GEMV before it
-    elif op == QKV and T <= FUSED_GEMV_MAX_ROWS:
+    elif op == QKV and fused_into_gemv_device(ROPE_KV, T):
         gemv_qkv_rope(x, rows, m.attn_norm[i], m.eps, m.w_qkv[i], m.b_qkv[i], qkv, positions,
                       seq_rows, s.block_tables, m.cos, m.sin, m.kv_pool, i, H, K, blk, nb)
     elif op == QKV:
@@ -178,7 +178,7 @@ def forward_op(op, i, T, R, model, step, history, blk, nb):
                         blk, nb)
     elif op == O_PROJ:
         linear_in_megakernel(s.attn[:T], rows, m.no_norm, m.eps, m.w_o[i], m.b_o[i], x, 1, blk, nb)
-    elif op == GATE_UP and T <= FUSED_GEMV_MAX_ROWS:
+    elif op == GATE_UP and fused_into_gemv_device(SWIGLU, T):
         gemv_swiglu(x, rows, m.mlp_norm[i], m.eps, m.w_gate_up[i], m.b_gate_up[i], s.act[:T],
                     blk, nb)
     elif op == GATE_UP:

@@ -33,8 +33,8 @@ from ..backend import get_backend
 from ..config import EngineConfig
 from ..kernels.attention import paged_attention_kernel
 from ..kernels.elementwise import embed_tokens_kernel, swiglu_kernel
-from ..kernels.linear import (FUSED_GEMV_MAX_ROWS, gemv_qkv_rope_kernel, gemv_swiglu_kernel,
-                              gemv_work_items, linear_kernel_for, linear_work_items)
+from ..kernels.linear import (gemv_qkv_rope_kernel, gemv_swiglu_kernel, gemv_work_items,
+                              linear_kernel_for, linear_work_items)
 from ..kernels.reduce import THREADS, cuda, grid_for
 from ..kernels.rope import rope_and_write_kv_kernel
 from ..kernels.sampling import adjust_logits_kernel, sample_rows_kernel
@@ -241,7 +241,7 @@ class EagerExecutor:
         views = self.bucket_views(s_b, t_b)
         for k in range(num_ops(self.config.num_layers)):
             op, layer = op_of(k, self.config.num_layers)
-            if self.fuse_epilogues and fused_into_gemv(op, t_b):
+            if self.fuses(op, t_b):
                 continue
             if op == SAMPLE and self._adjustments is not None:  # only in a step that has some
                 probe("adjust")  # (never captured)
@@ -260,7 +260,7 @@ class EagerExecutor:
         lw = self.layers[i]
         if op == EMBED:
             embed_tokens_kernel[grid, THREADS, st](self.embed, v["token_ids"], v["x"])
-        elif op == QKV and self.fuses(t_b):
+        elif op == QKV and self.fuses(ROPE_KV, t_b):
             gemv_qkv_rope_kernel[grid_for(gemv_work_items(lw.w_qkv.shape[0] // 2)), THREADS, st](
                 v["x"], v["rows"], lw.attn_norm, self.eps, lw.w_qkv, lw.b_qkv, v["qkv"],
                 v["positions"], v["seq_rows"], v["block_tables"], self.cos, self.sin,
@@ -276,7 +276,7 @@ class EagerExecutor:
                                   v["attn"])
         elif op == O_PROJ:
             self.launch_linear(v["attn"], v["rows"], empty, lw.w_o, lw.b_o, v["x"], 1)
-        elif op == GATE_UP and self.fuses(t_b):
+        elif op == GATE_UP and self.fuses(SWIGLU, t_b):
             gemv_swiglu_kernel[grid_for(gemv_work_items(cfg.intermediate_size)), THREADS, st](
                 v["x"], v["rows"], lw.mlp_norm, self.eps, lw.w_gate_up, lw.b_gate_up, v["act"])
         elif op == GATE_UP:
@@ -294,9 +294,10 @@ class EagerExecutor:
                 v["logits"], v["temperature"], v["top_p"], v["top_k"], v["seeds"],
                 v["counters"], v["tokens"])
 
-    def fuses(self, t_b: int) -> bool:
-        """Whether a step of T_b tokens runs RoPE and SwiGLU in their GEMVs' epilogues."""
-        return self.fuse_epilogues and t_b <= FUSED_GEMV_MAX_ROWS
+    def fuses(self, op: int, t_b: int) -> bool:
+        """Whether ``op`` (RoPE, SwiGLU) runs in the epilogue of the GEMV before it in a step of
+        T_b tokens (``forward_ops.fused_into_gemv``), so that it gets no launch of its own."""
+        return self.fuse_epilogues and fused_into_gemv(op, t_b)
 
     def launch_linear(self, x, rows, norm, w, b, out, accumulate) -> None:
         """out (+)= rms_norm?(x[rows]) @ w.T + b (``kernels/linear.py``). A subclass may launch

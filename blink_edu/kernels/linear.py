@@ -49,7 +49,7 @@ from ..backend import get_backend
 from . import loads
 from .loads import VEC, load8, load8_1d
 from .elementwise import silu_times
-from .matmul_tc import store_output, tc_matmul
+from .matmul_tc import plus_bias, store_output, tc_matmul
 from .reduce import THREADS, cuda, warp_sum
 from .rope import place_pair
 
@@ -159,11 +159,6 @@ def normed_row_dot(x, xr, norm_w, eps, w, o, lane):
     if norm_w.shape[0] > 0:
         dot *= float32(1) / math.sqrt(lane_sum(squares) / I + eps)
     return dot
-
-
-@cuda.jit(device=True, inline=True)
-def plus_bias(y, bias, o):
-    return y + bias[o] if bias.shape[0] > 0 else y
 
 
 @cuda.jit(device=True)

@@ -313,12 +313,17 @@ def mma_step(a_tile, b_tile, buf, acc, afrag, bfrag):
 
 
 @cuda.jit(device=True, inline=True)
+def plus_bias(y, bias, o):
+    """y + bias[o], or y when there is no bias (an empty ``bias``)."""
+    return y + bias[o] if bias.shape[0] > 0 else y
+
+
+@cuda.jit(device=True, inline=True)
 def store_output(out, r, o, y, bias, accumulate):
     """The epilogue for one element: add the bias, add onto ``out`` (the residual) or replace it;
     nothing past the last column (the block tile overhangs an O that is not a multiple of BN)."""
     if o < out.shape[1]:
-        if bias.shape[0] > 0:
-            y += bias[o]
+        y = plus_bias(y, bias, o)
         if accumulate:
             y += out[r, o]
         out[r, o] = y
