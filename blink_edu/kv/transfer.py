@@ -106,7 +106,9 @@ class Transport:
         ``[(offset into the pairs, count)]``: the plan's, or (no plan) sorted by host block."""
         gpu, host = np.asarray(gpu_blocks, np.int32), np.asarray(host_blocks, np.int32)  # (n,)
         if self.plan is not None:
-            return pairs_of_plan(self.plan(gpu, host))
+            planned_gpu, planned_host, runs = pairs_of_plan(self.plan(gpu, host))
+            check_plan_names_every_pair(gpu, host, planned_gpu, planned_host)
+            return planned_gpu, planned_host, runs
         order = np.argsort(host, kind="stable")
         gpu, host = gpu[order], host[order]
         return gpu, host, consecutive_runs(host)
@@ -142,6 +144,19 @@ def pairs_of_plan(plan) -> tuple[np.ndarray, np.ndarray, list[tuple[int, int]]]:
     host = np.array([h0 + k for h0, run in plan for k in range(len(run))], np.int32)
     offsets = np.cumsum([0] + [len(run) for _, run in plan])
     return gpu, host, [(int(offset), len(run)) for offset, (_, run) in zip(offsets, plan)]
+
+
+def check_plan_names_every_pair(gpu, host, planned_gpu, planned_host) -> None:
+    """A plan must name each (gpu, host) pair of its ticket exactly once: a missing, extra or
+    repeated pair would move the wrong bytes, so it is refused before anything moves."""
+    asked = sorted(zip(gpu.tolist(), host.tolist()))
+    planned = sorted(zip(planned_gpu.tolist(), planned_host.tolist()))
+    if planned != asked:
+        missing = sorted(set(asked) - set(planned))[:4]
+        extra = sorted(set(planned) - set(asked))[:4]
+        raise ValueError(f"the transport's plan must name every (gpu, host) block pair of the "
+                         f"ticket exactly once: asked {len(asked)} pairs, planned {len(planned)}; "
+                         f"missing {missing}, not asked {extra} (first few)")
 
 
 class NumpyTransport(Transport):

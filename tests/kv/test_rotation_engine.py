@@ -327,6 +327,25 @@ def test_a_plan_decides_the_copies_of_a_numpy_transport(rng):
     np.testing.assert_array_equal(host.blocks[[5, 3, 4]], pool[[4, 0, 2]])
 
 
+@pytest.mark.parametrize("wrong", ["drops a pair", "repeats a pair", "pairs other blocks"])
+def test_a_plan_that_does_not_name_every_pair_once_is_refused(rng, wrong):
+    pool = rng.standard_normal((6, 1, 2, 2, 1, 3))  # (N, L, 2, B, K, E)
+    host = HostKVStore(8, pool.shape[1:], pool.dtype)
+
+    def bad_plan(gpu_blocks, host_blocks):
+        copies = [(int(h), [int(g)]) for g, h in zip(gpu_blocks, host_blocks)]
+        if wrong == "drops a pair":
+            return copies[1:]
+        if wrong == "repeats a pair":
+            return copies + copies[:1]
+        return [(h + 1, run) for h, run in copies]
+
+    transport = NumpyTransport(pool, host, plan=bad_plan)
+    with pytest.raises(ValueError, match="exactly once"):
+        transport.copy_out([4, 0, 2], [5, 3, 4])
+    assert transport.in_flight == [] and not host.blocks.any()  # nothing issued, nothing moved
+
+
 def test_device_transport_splits_a_ticket_over_its_staging_buffer(rng):
     """More blocks than the staging buffer holds, scattered on the GPU, partly consecutive on the
     host: several gather + copy rounds, one copy per host run; byte-exact both ways."""
