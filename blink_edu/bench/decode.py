@@ -12,6 +12,8 @@ The eager executor's host launch time is measured too (issuing one step's launch
 which is the chapter's "where does the time go" figure. Beside them, on the same weights and
 batches, the PyTorch peer (``torch_peer``: a minimal Llama in a CUDA graph, plain and compiled),
 whose rows give the summary's ``ours_over_torch_*`` ratios; ``peers`` says which of it ran.
+Prefill too: one ``--prefill-tokens`` prompt at batch 1 through the graph executor and the peers
+(``prefill_ms_{M}_{P}``, ``ours_over_torch_*_prefill_{M}_{P}``).
 """
 
 from __future__ import annotations
@@ -115,6 +117,23 @@ def time_executor(executor, batches, prompt_len, steps, vocab, rng, label=None) 
         print(f"  {label:6s} B={batch:4d}  TPOT {tpot * 1e6:9.1f} us  {batch / tpot:9.0f} tok/s",
               flush=True)
     return rows
+
+
+def time_prefill(executor, prompt_len: int, vocab: int, rng, repeats: int = 5) -> dict:
+    """One ``prompt_len``-token prompt at batch 1: the step that prefills it (host time, the
+    input copies and the sampled token included, as the peers' prefill), median of ``repeats``;
+    a first run before them compiles its kernels and captures its graph."""
+    times = []
+    for i in range(repeats + 1):
+        run = DecodeRun(executor, 1, prompt_len, vocab, rng)
+        elapsed = run.step()
+        run.free()
+        if i > 0:
+            times.append(elapsed)
+    row = {"executor": executor.name, "prefill_tokens": prompt_len,
+           "prefill_ms": statistics.median(times) * 1e3}
+    print(f"  {executor.name:6s} prefill {prompt_len}  {row['prefill_ms']:.3f} ms", flush=True)
+    return row
 
 
 def host_launch_time(executor: EagerExecutor, batch: int) -> float:
@@ -297,9 +316,12 @@ def bench_model(label: str, weights: ModelWeights, hf_folder: Path | None, args,
     batches = [int(b) for b in args.batches.split(",")]
     max_b = max(batches)
     per_seq = -(-(args.prompt_len + args.steps + 8) // 16)
-    engine = EngineConfig(block_size=16, num_kv_blocks=max_b * per_seq + 8, max_num_seqs=max_b,
-                          max_num_batched_tokens=max_b * args.prompt_len,
-                          max_model_len=args.prompt_len + args.steps + 64)
+    prefill_blocks = -(-(args.prefill_tokens + 1) // 16)
+    engine = EngineConfig(block_size=16, num_kv_blocks=max(max_b * per_seq, prefill_blocks) + 8,
+                          max_num_seqs=max_b,
+                          max_num_batched_tokens=max(max_b * args.prompt_len, args.prefill_tokens),
+                          max_model_len=max(args.prompt_len + args.steps + 64,
+                                            args.prefill_tokens + 8))
     print(f"{label}: {cfg.num_parameters() / 1e6:.1f} M parameters, fp16 weights", flush=True)
     rows = []
     for cls in (EagerExecutor, GraphExecutor):
@@ -309,6 +331,8 @@ def bench_model(label: str, weights: ModelWeights, hf_folder: Path | None, args,
             for r in rows:
                 if r["executor"] == "graph":
                     r["gpu_us"] = graph_gpu_time(executor, r["batch"]) * 1e6
+            # the best host-driven executor's prefill, beside the peers'
+            rows.append(time_prefill(executor, args.prefill_tokens, cfg.vocab_size, rng))
             rows.append({"executor": "graph", "graphs_captured": len(executor.graphs),
                          "capture_seconds": executor.capture_seconds})
         del executor
@@ -359,7 +383,7 @@ def main(argv=None) -> int:
     parser.add_argument("--peer-compile-mode", default="default",
                         help="torch.compile mode of the compiled peer (one without its own CUDA graphs)")
     parser.add_argument("--prefill-tokens", type=int, default=512,
-                        help="prompt length of the peer's prefill timing (batch 1)")
+                        help="prompt length of the prefill timing (batch 1): ours and the peers'")
     args = parser.parse_args(argv)
     rng = np.random.default_rng(0)
     bandwidth = hbm_copy_bandwidth()
@@ -399,11 +423,12 @@ def main(argv=None) -> int:
         "graph_over_hf_best_b1_135m": ratio(best_hf(big), tpot_of(big, "graph", 1)) if big else None,
         "small_model": small["label"], "hbm_copy_tb_per_s": bandwidth / 1e12,
     }
-    from .torch_peer import comparison, peer_status
+    from .torch_peer import comparison, peer_status, prefill_comparison
 
     batches = [int(b) for b in args.batches.split(",")]
     for key, r in results.items():
         summary.update(comparison(key, r["rows"], batches))
+        summary.update(prefill_comparison(key, r["rows"], args.prefill_tokens))
     summary["roofline_fraction_135m_b1"] = ratio(big["roofline_us"], summary.get("tpot_us_135m_b1")) if big else None
     summary["roofline_fraction_135m_b1_graph"] = ratio(big["roofline_us"], tpot_of(big, "graph", 1)) if big else None
     summary["peers"] = ({key: peer_status(r["rows"]) for key, r in results.items()} if args.peers

@@ -479,6 +479,24 @@ def comparison(model_key: str, rows: list[dict], batches: list[int]) -> dict:
     return summary
 
 
+def prefill_comparison(model_key: str, rows: list[dict], prefill_tokens: int) -> dict:
+    """Summary keys for one model's ``prefill_tokens``-token prompt (batch 1):
+    ``prefill_ms_{M}_{P}`` (our best executor) and ``ours_over_{peer}_prefill_{M}_{P}`` (the
+    peer's time over ours: > 1 means we are faster), None where either side has no figure."""
+    def best(which):
+        times = [r["prefill_ms"] for r in rows if r.get("prefill_tokens") == prefill_tokens
+                 and "prefill_ms" in r and which(r["executor"])]
+        return min(times, default=None)
+
+    ours = best(is_ours)
+    summary = {f"prefill_ms_{model_key}_{prefill_tokens}": ours}
+    for peer in PEERS:
+        theirs = best(lambda e, peer=peer: e == peer)
+        summary[f"ours_over_{peer}_prefill_{model_key}_{prefill_tokens}"] = (
+            None if ours is None or theirs is None else theirs / ours)
+    return summary
+
+
 def peer_status(rows: list[dict]) -> dict[str, str]:
     """For each peer: "ran" or which of its measurements failed and why."""
     status = {}

@@ -202,6 +202,20 @@ def test_comparison_takes_our_best_executor_and_says_none_where_a_side_is_missin
     assert status == {"torch_graph": "ran", "torch_compiled": "ran in part, failed: batch 8: timed out"}
 
 
+def test_prefill_comparison_takes_our_best_prefill_of_that_length():
+    rows = [{"executor": "graph", "prefill_tokens": 512, "prefill_ms": 2.0},
+            {"executor": "eager", "prefill_tokens": 512, "prefill_ms": 9.0},
+            {"executor": "graph", "prefill_tokens": 64, "prefill_ms": 0.5},  # another length
+            {"executor": "torch_compiled", "prefill_tokens": 512, "prefill_ms": 1.0},
+            {"task": "prefill", "executor": "torch_graph", "prefill_tokens": 512,
+             "error": "timed out"},
+            {"executor": "graph", "batch": 1, "tpot_us": 100.0}]
+    s = peer.prefill_comparison("m", rows, 512)
+    assert s == {"prefill_ms_m_512": 2.0, "ours_over_torch_graph_prefill_m_512": None,
+                 "ours_over_torch_compiled_prefill_m_512": 0.5}  # the compiled peer is faster
+    assert peer.prefill_comparison("m", rows[3:], 512)["prefill_ms_m_512"] is None
+
+
 # --- on a GPU: the captured and compiled steps, and the runner ----------------------------------
 @pytest.mark.gpu
 @pytest.mark.parametrize("kind", peer.PEERS)
