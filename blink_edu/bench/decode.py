@@ -13,7 +13,8 @@ which is the chapter's "where does the time go" figure. Beside them, on the same
 batches, the PyTorch peer (``torch_peer``: a minimal Llama in a CUDA graph, plain and compiled),
 whose rows give the summary's ``ours_over_torch_*`` ratios; ``peers`` says which of it ran.
 Prefill too: one ``--prefill-tokens`` prompt at batch 1 through the graph executor and the peers
-(``prefill_ms_{M}_{P}``, ``ours_over_torch_*_prefill_{M}_{P}``).
+(``prefill_ms_{M}_{P}``, ``ours_over_torch_*_prefill_{M}_{P}``), and the achieved TFLOP/s of
+the linear layers from the eager executor's per-op GPU time (``matmul_tflops_{M}_b{B}``).
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from pathlib import Path
 import numpy as np
 
 from ..config import EngineConfig, ModelConfig, SamplingParams
+from ..executors.forward_ops import DOWN, GATE_UP, LM_HEAD, O_PROJ, OP_NAMES, QKV, linear_shape
 from ..executors.kernel_executor import EagerExecutor, GraphExecutor
 from ..executors.step import pack_step
 from ..kernels.linear import FUSED_GEMV_MAX_ROWS, TENSOR_CORES
@@ -110,6 +112,7 @@ def time_executor(executor, batches, prompt_len, steps, vocab, rng, label=None) 
         if executor.name == "eager":
             row["host_launch_us"] = host_launch_time(executor, batch) * 1e6
             row["op_gpu_us"] = op_breakdown(executor, batch)
+            row["matmul_tflops"] = matmul_tflops(executor.config, batch, row["op_gpu_us"])
             ops = ", ".join(f"{k} {v:.0f}" for k, v in sorted(row["op_gpu_us"].items(), key=lambda kv: -kv[1]))
             print(f"    GPU us per op kind (isolated): {ops}", flush=True)
         run.free()
@@ -187,6 +190,19 @@ def op_breakdown(executor: EagerExecutor, batch: int, repeats: int = 5) -> dict[
             totals[op] = totals.get(op, 0.0) + cupy.cuda.get_elapsed_time(start, end) * 1e3
         runs.append(totals)
     return {op: statistics.median(r[op] for r in runs) for op in runs[0]}
+
+
+def matmul_tflops(config: ModelConfig, batch: int, op_gpu_us: dict[str, float]) -> float | None:
+    """Achieved TFLOP/s of one step's linear layers at ``batch`` tokens (one sampled row each),
+    from their GPU time in ``op_breakdown``: 2 x tokens x O x I flops per matrix."""
+    flops, seconds = 0, 0.0
+    for op in (QKV, O_PROJ, GATE_UP, DOWN, LM_HEAD):
+        if OP_NAMES[op] not in op_gpu_us:
+            return None
+        O, I = linear_shape(op, config)
+        flops += 2 * batch * O * I * (1 if op == LM_HEAD else config.num_layers)
+        seconds += op_gpu_us[OP_NAMES[op]] * 1e-6
+    return flops / seconds / 1e12
 
 
 def graph_gpu_time(executor: GraphExecutor, batch: int) -> float:
@@ -429,6 +445,8 @@ def main(argv=None) -> int:
     for key, r in results.items():
         summary.update(comparison(key, r["rows"], batches))
         summary.update(prefill_comparison(key, r["rows"], args.prefill_tokens))
+        summary.update({f"matmul_tflops_{key}_b{row['batch']}": row["matmul_tflops"]
+                        for row in r["rows"] if "matmul_tflops" in row})
     summary["roofline_fraction_135m_b1"] = ratio(big["roofline_us"], summary.get("tpot_us_135m_b1")) if big else None
     summary["roofline_fraction_135m_b1_graph"] = ratio(big["roofline_us"], tpot_of(big, "graph", 1)) if big else None
     summary["peers"] = ({key: peer_status(r["rows"]) for key, r in results.items()} if args.peers
