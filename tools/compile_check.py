@@ -52,13 +52,19 @@ F32, I32, F16 = types.float32, types.int32, types.float16
 
 def kernels():
     """(name, python function, signature) of every op kernel, as the executors launch them."""
-    from blink_edu.kernels import attention, elementwise, linear, rope, sampling
+    from blink_edu.kernels import attention, elementwise, linear, matmul_tc, rope, sampling
     lin = lambda w: (arr(F32, 2), arr(I32, 1), arr(F32, 1), F32, arr(w, 2), arr(F32, 1),  # noqa: E731
                      arr(F32, 2), types.int64)
     return [
         ("linear_fp16", linear.linear_kernel.py_func, lin(F16)),
         ("gemv_fp16", linear.gemv_kernel.py_func, lin(F16)),
-        ("batched_matmul_fp16", linear.batched_matmul_kernel.py_func, lin(F16)),
+        ("tiled_matmul_fp16", linear.tiled_matmul_kernel.py_func, lin(F16)),
+        ("tc_prologue", matmul_tc.tc_prologue_kernel.py_func,
+         (arr(F32, 2), arr(I32, 1), arr(F32, 1), F32, arr(F32, 1), arr(F32, 2), types.int64,
+          arr(F32, 1))),
+        ("tc_matmul", matmul_tc.tc_matmul_kernel.py_func,
+         (arr(F32, 2), arr(I32, 1), arr(F32, 1), arr(F16, 2), arr(F32, 1), arr(F32, 2),
+          types.int64)),
         ("linear_fp32", linear.linear_kernel.py_func, lin(F32)),
         ("gemv_swiglu_fp16", linear.gemv_swiglu_kernel.py_func, lin(F16)[:-1]),
         ("gemv_qkv_rope_fp16", linear.gemv_qkv_rope_kernel.py_func,

@@ -3,8 +3,10 @@
     python tools/tc_matmul_probe.py [--rows 64 512] [--replays 50] [--runs 20] [--bk 32] [--json F]
 
 For each token count R and each linear layer of the 135M shape (hidden 576, intermediate 1536,
-9 query / 3 KV heads of 64, vocab 49152) it first checks ``tc_matmul_kernel`` against a float64
-NumPy reference (exit 1 if the relative error is not below 1e-2), then times it. A launch from
+9 query / 3 KV heads of 64, vocab 49152) it first checks ``launch_tc_linear`` (prologue and
+tile, the k range split as the executors split it) against a float64 NumPy reference (exit 1 if
+the relative error is not below 1e-2), then times it, and the tile alone with other splits of
+the k range (``--steps``: k steps a work item; 0 = all of them, no split). A launch from
 Python costs ~55 µs of host time, more than these kernels take, so ``--replays`` launches are
 captured into one CuPy graph and the graph is replayed ``--runs`` times between two CUDA events
 (the ~0.5 µs a graph node costs is included). Beside it, the same for the FMA tile (``tiled_matmul``),
@@ -29,7 +31,7 @@ from blink_edu.backend import get_backend  # noqa: E402
 from blink_edu.kernels.linear import linear_work_items, tiled_matmul  # noqa: E402
 from blink_edu.kernels import matmul_tc  # noqa: E402
 from blink_edu.kernels.matmul_tc import (  # noqa: E402
-    require_tc_operands, tc_matmul_kernel, tc_work_items, tile_geometry)
+    QUAD, launch_tc_linear, require_tc_operands, tc_steps_per_split, tile_geometry)
 from blink_edu.kernels.reduce import THREADS, cuda, grid_for  # noqa: E402
 from blink_edu.kernels.sync import spin_for_ns  # noqa: E402
 
@@ -48,8 +50,9 @@ def fma_tile_kernel(x, x_rows, norm_w, eps, w, bias, out, accumulate):
 
 
 def operands(rng, R, O, I, norm, residual):
-    """Device arrays for one layer: x (R + 5, I), x_rows (R,), norm_w (I,) or (0,), w (O, I) f16,
-    bias (0,), out (R, O) — and the float64 reference product (R, O)."""
+    """Device arrays for one layer, in ``launch_tc_linear``'s order: x (R + 5, I), x_rows (R,),
+    norm_w (I,) or (0,), eps, w (O, I) f16, bias (0,), out (R, O), accumulate, row_scale (R,) —
+    and the starting ``out`` and the float64 reference product (R, O)."""
     x = rng.standard_normal((R + 5, I)).astype(np.float32)
     x_rows = rng.permutation(R + 5)[:R].astype(np.int32)
     g = (1 + 0.2 * rng.standard_normal(I)).astype(np.float32) if norm else np.zeros(0, np.float32)
@@ -62,7 +65,7 @@ def operands(rng, R, O, I, norm, residual):
     require_tc_operands(x_rows, w, start)
     args = [cuda.to_device(a) for a in (x, x_rows, g)] + [EPS] + \
         [cuda.to_device(w), cuda.to_device(np.zeros(0, np.float32)), cuda.to_device(start)]
-    return args + [int(residual)], start, reference
+    return args + [int(residual), cuda.device_array(R, np.float32)], start, reference
 
 
 def time_in_graph(launch, replays: int, runs: int) -> float:
@@ -111,6 +114,8 @@ def time_cublas(R: int, O: int, I: int, repeats: int) -> float:
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rows", type=int, nargs="+", default=[64, 512])
+    parser.add_argument("--steps", type=int, nargs="*", default=[1, 2, 3, 0],
+                        help="k steps a work item to time beside the executors' choice (0: all)")
     parser.add_argument("--replays", type=int, default=50, help="launches captured in one graph")
     parser.add_argument("--runs", type=int, default=20, help="graph replays timed")
     parser.add_argument("--seed", type=int, default=0)
@@ -119,37 +124,54 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     rows = []
     if args.bk:  # before the first launch compiles the kernel with the module's constants
-        for name, value in tile_geometry(THREADS, args.bk)._asdict().items():
+        geometry = tile_geometry(THREADS, args.bk)
+        for name, value in geometry._asdict().items():
             setattr(matmul_tc, name, value)
+        matmul_tc.A_VALUES, matmul_tc.B_WORDS = QUAD * geometry.A_LOADS, QUAD * geometry.B_LOADS
+    num_sms = cuda.get_current_device().MULTIPROCESSOR_COUNT
     rng = np.random.default_rng(args.seed)
     print(f"tile {matmul_tc.BM}x{matmul_tc.BN}, k step {matmul_tc.BK}, {THREADS} threads; "
-          f"{get_backend().device_name}")
-    print(f"{'shape':>8} {'R':>4} {'O x I':>12} {'err':>8} | {'tc µs':>7} {'TFLOP/s':>7} "
-          f"{'W GB/s':>7} | {'fma µs':>7} {'cuBLAS µs':>9} {'tc/cuBLAS':>9}")
+          f"{get_backend().device_name}, {num_sms} SMs")
+    variants = " ".join(f"{f'k/{s}' if s else 'k all':>7}" for s in args.steps)
+    print(f"{'shape':>8} {'R':>4} {'O x I':>12} {'err':>8} | {'steps':>5} {'tc µs':>7} "
+          f"{'TFLOP/s':>7} {'W GB/s':>7} | {variants} | {'fma µs':>7} {'cuBLAS µs':>9} "
+          f"{'tc/cuBLAS':>9}")
     for R in args.rows:
         for name, (O, I, norm, residual) in SHAPES.items():
             kernel_args, start, reference = operands(rng, R, O, I, norm, residual)
             out = kernel_args[6]
-            tc_matmul_kernel[grid_for(tc_work_items(R, O)), THREADS](*kernel_args)
+            launch_tc_linear(*kernel_args, num_sms=num_sms)
             got = out.copy_to_host() - (start if residual else 0)
             err = np.linalg.norm(got - reference) / np.linalg.norm(reference)
             if not err < TOLERANCE:
                 print(f"{name} at R={R}: relative error {err:.2e} >= {TOLERANCE}: not timed")
                 return 1
-            tc_grid, fma_grid = grid_for(tc_work_items(R, O)), grid_for(linear_work_items(R, O))
-            tc_us = time_in_graph(lambda s: tc_matmul_kernel[tc_grid, THREADS, s](*kernel_args),
+            steps = tc_steps_per_split(R, O, I, num_sms)
+            tc_us = time_in_graph(lambda s: launch_tc_linear(*kernel_args, stream=s,
+                                                             num_sms=num_sms),
                                   args.replays, args.runs)
-            fma_us = time_in_graph(lambda s: fma_tile_kernel[fma_grid, THREADS, s](*kernel_args),
+            by_steps = {}
+            k_steps = -(-I // matmul_tc.BK)
+            for variant in args.steps:
+                by_steps[variant] = time_in_graph(
+                    lambda s: launch_tc_linear(*kernel_args, stream=s,
+                                               steps_per_split=variant or k_steps),
+                    args.replays, args.runs)
+            fma_grid = grid_for(linear_work_items(R, O))
+            fma_us = time_in_graph(lambda s: fma_tile_kernel[fma_grid, THREADS, s](*kernel_args[:8]),
                                    args.replays, args.runs)
             blas_us = time_cublas(R, O, I, args.replays)
             tflops = 2 * R * O * I / (tc_us * 1e-6) / 1e12
             weight_gbs = 2 * O * I / (tc_us * 1e-6) / 1e9
-            print(f"{name:>8} {R:>4} {f'{O}x{I}':>12} {err:8.1e} | {tc_us:7.1f} {tflops:7.1f} "
-                  f"{weight_gbs:7.0f} | {fma_us:7.1f} {blas_us:9.1f} {tc_us / blas_us:9.2f}",
-                  flush=True)
+            cells = " ".join(f"{by_steps[v]:7.1f}" for v in args.steps)
+            print(f"{name:>8} {R:>4} {f'{O}x{I}':>12} {err:8.1e} | {steps:>5} {tc_us:7.1f} "
+                  f"{tflops:7.1f} {weight_gbs:7.0f} | {cells} | {fma_us:7.1f} {blas_us:9.1f} "
+                  f"{tc_us / blas_us:9.2f}", flush=True)
             rows.append({"shape": f"{name} R={R}", "O": O, "I": I, "R": R, "error": float(err),
-                         "us": tc_us, "tflops": tflops, "fma_us": fma_us,
-                         "fma_tflops": 2 * R * O * I / (fma_us * 1e-6) / 1e12, "cublas_us": blas_us})
+                         "steps_per_split": steps, "us": tc_us, "tflops": tflops,
+                         "us_by_steps_per_split": {str(v or k_steps): t for v, t in by_steps.items()},
+                         "fma_us": fma_us, "fma_tflops": 2 * R * O * I / (fma_us * 1e-6) / 1e12,
+                         "cublas_us": blas_us})
     if args.json:
         import json
 

@@ -32,7 +32,7 @@ from typing import NamedTuple
 from ..kernels.attention import paged_attention
 from ..kernels.elementwise import elementwise_items, embed_tokens, swiglu
 from ..kernels.linear import (FUSED_GEMV_MAX_ROWS, GEMV_MAX_ROWS, gemv_qkv_rope, gemv_swiglu,
-                              linear_in_megakernel, linear_work_items)
+                              linear, linear_work_items)
 from ..kernels.reduce import cuda, grid_for
 from ..kernels.rope import rope_and_write_kv, rope_work_items
 from ..kernels.sampling import adjust_row_from_history, sample_rows
@@ -168,7 +168,7 @@ def forward_op(op, i, T, R, model, step, history, blk, nb):
         gemv_qkv_rope(x, rows, m.attn_norm[i], m.eps, m.w_qkv[i], m.b_qkv[i], qkv, positions,
                       seq_rows, s.block_tables, m.cos, m.sin, m.kv_pool, i, H, K, blk, nb)
     elif op == QKV:
-        linear_in_megakernel(x, rows, m.attn_norm[i], m.eps, m.w_qkv[i], m.b_qkv[i], qkv, 0,
+        linear(x, rows, m.attn_norm[i], m.eps, m.w_qkv[i], m.b_qkv[i], qkv, 0,
                              blk, nb)
     elif op == ROPE_KV:
         rope_and_write_kv(qkv, positions, seq_rows, s.block_tables, m.cos, m.sin, m.kv_pool, i,
@@ -177,20 +177,20 @@ def forward_op(op, i, T, R, model, step, history, blk, nb):
         paged_attention(qkv, positions, seq_rows, s.block_tables, m.kv_pool, i, H, K, s.attn[:T],
                         blk, nb)
     elif op == O_PROJ:
-        linear_in_megakernel(s.attn[:T], rows, m.no_norm, m.eps, m.w_o[i], m.b_o[i], x, 1, blk, nb)
+        linear(s.attn[:T], rows, m.no_norm, m.eps, m.w_o[i], m.b_o[i], x, 1, blk, nb)
     elif op == GATE_UP and fused_into_gemv_device(SWIGLU, T):
         gemv_swiglu(x, rows, m.mlp_norm[i], m.eps, m.w_gate_up[i], m.b_gate_up[i], s.act[:T],
                     blk, nb)
     elif op == GATE_UP:
-        linear_in_megakernel(x, rows, m.mlp_norm[i], m.eps, m.w_gate_up[i], m.b_gate_up[i],
+        linear(x, rows, m.mlp_norm[i], m.eps, m.w_gate_up[i], m.b_gate_up[i],
                              s.gate_up[:T], 0, blk, nb)
     elif op == SWIGLU:
         swiglu(s.gate_up[:T], s.act[:T], blk, nb)
     elif op == DOWN:
-        linear_in_megakernel(s.act[:T], rows, m.no_norm, m.eps, m.w_down[i], m.b_down[i], x, 1,
+        linear(s.act[:T], rows, m.no_norm, m.eps, m.w_down[i], m.b_down[i], x, 1,
                              blk, nb)
     elif op == LM_HEAD:
-        linear_in_megakernel(x, s.logit_rows[:R], m.final_norm, m.eps, m.lm_head, m.no_norm,
+        linear(x, s.logit_rows[:R], m.final_norm, m.eps, m.lm_head, m.no_norm,
                              s.logits[:R], 0, blk, nb)
     else:
         adjust_sampled_rows(s.logits[:R], s.counters[:R], history, blk, nb)

@@ -34,7 +34,8 @@ from ..config import EngineConfig
 from ..kernels.attention import paged_attention_kernel
 from ..kernels.elementwise import embed_tokens_kernel, swiglu_kernel
 from ..kernels.linear import (gemv_qkv_rope_kernel, gemv_swiglu_kernel, gemv_work_items,
-                              linear_kernel_for, linear_work_items)
+                              linear_kernel_for, linear_work_items, on_tensor_cores)
+from ..kernels.matmul_tc import launch_tc_linear
 from ..kernels.reduce import THREADS, cuda, grid_for
 from ..kernels.rope import rope_and_write_kv_kernel
 from ..kernels.sampling import adjust_logits_kernel, sample_rows_kernel
@@ -159,6 +160,9 @@ class EagerExecutor:
         self.act = cuda.device_array((max_t, F), f32)
         self.logits = cuda.device_array((max_s, cfg.vocab_size), f32)
         self.all_rows = cuda.to_device(np.arange(max_t, dtype=np.int32))
+        self.row_scale = cuda.device_array(max_t, f32)  # the tensor-core tile's 1 / rms per row
+        self.num_sms = 1 if self.backend.is_simulator else \
+            cuda.get_current_device().MULTIPROCESSOR_COUNT
         # step inputs: host staging (pinned on a GPU) and their device twins
         self.host = self._host_inputs(max_s, max_t)
         self.dev = {k: cuda.to_device(v) for k, v in self.host.items()}
@@ -302,6 +306,10 @@ class EagerExecutor:
     def launch_linear(self, x, rows, norm, w, b, out, accumulate) -> None:
         """out (+)= rms_norm?(x[rows]) @ w.T + b (``kernels/linear.py``). A subclass may launch
         another kernel here: the course labs plug a student's GEMV in this way."""
+        if on_tensor_cores(rows.shape[0], w):
+            launch_tc_linear(x, rows, norm, self.eps, w, b, out, accumulate, self.row_scale,
+                             self.stream, self.num_sms)
+            return
         grid = grid_for(linear_work_items(rows.shape[0], w.shape[0]))
         linear_kernel_for(rows.shape[0])[grid, THREADS, self.stream](
             x, rows, norm, self.eps, w, b, out, accumulate)

@@ -1,8 +1,8 @@
 """Linear layers: ``out = [out +] rms_norm?(x) @ W.T + b`` — a GEMV, an FMA tile, a tensor-core tile.
 
 The matrix multiplies are almost all of a decoder's work and, at small batch, almost all of its
-memory traffic: every decode step streams every weight once. Three ways to do it, chosen in one
-place (``linear``) from the number of rows, so every executor takes the same path:
+memory traffic: every decode step streams every weight once. Three ways to do it, chosen from the
+number of rows (``linear``) and the weights (``on_tensor_cores``), the same way by every executor:
 
 * **GEMV** (``R <= GEMV_MAX_ROWS`` tokens, i.e. decode): a warp (``LANES`` threads) owns one
   output row ``o``; lane ``l`` reads ``W[o, 8l : 8l + 8]``, then 256 further on, ... — eight
@@ -13,7 +13,10 @@ place (``linear``) from the number of rows, so every executor takes the same pat
   the memory system idle — a small decode GEMV is *latency*-bound long before it is
   bandwidth-bound, and what it spends its time on is instructions at a few warps per SM. (For a
   second token the row is read again, from the L1 cache, where the first one left it.)
-* **Tensor-core tile** (more rows, float16 weights): ``matmul_tc.py``'s ``mma.sync`` tile.
+* **Tensor-core tile** (more rows, float16 weights; ``on_tensor_cores``): ``matmul_tc.py``'s
+  ``mma.sync`` tile, with split-K for a decode batch's few tiles. The eager and graph executors
+  launch it; the persistent kernel's forward keeps the FMA tile (its static shared memory is
+  shared by every op it runs).
 * **FMA tile** (more rows, float32 weights, or an odd ``I``): the block loads a
   ``TILE x TILE`` tile of inputs and one of weights into shared memory and each thread
   accumulates several outputs from them, so every weight loaded serves ``TILE`` tokens.
@@ -49,7 +52,7 @@ from ..backend import get_backend
 from . import loads
 from .loads import VEC, load8, load8_1d
 from .elementwise import silu_times
-from .matmul_tc import plus_bias, store_output, tc_matmul
+from .matmul_tc import plus_bias, store_output
 from .reduce import THREADS, cuda, warp_sum
 from .rope import place_pair
 
@@ -286,70 +289,25 @@ def tiled_matmul(x, x_rows, norm_w, eps, w, bias, out, accumulate, block, n_bloc
 TENSOR_CORES = os.environ.get("BLINK_EDU_TENSOR_CORES", "1").strip() != "0"
 
 
-def _tensor_core_or_tiled(x, x_rows, norm_w, eps, w, bias, out, accumulate, block, n_blocks):
-    """Simulator form of ``batched_matmul``: the weights' dtype is known when it runs."""
-    if TENSOR_CORES and w.dtype == np.float16 and w.shape[1] % 2 == 0:
-        tc_matmul(x, x_rows, norm_w, eps, w, bias, out, accumulate, block, n_blocks)
-    else:
-        tiled_matmul(x, x_rows, norm_w, eps, w, bias, out, accumulate, block, n_blocks)
-
-
-def _batched_matmul_gpu():
-    """GPU form of ``batched_matmul``: chosen when the kernel is compiled, from the weights'
-    type — float16 weights get the tensor-core tile (``matmul_tc.py``), float32 the FMA tile."""
-    from numba import types
-    from numba.cuda.extending import overload
-
-    def batched_matmul(x, x_rows, norm_w, eps, w, bias, out, accumulate, block, n_blocks):
-        pass
-
-    @overload(batched_matmul, target="cuda", inline="always")
-    def _choose(x, x_rows, norm_w, eps, w, bias, out, accumulate, block, n_blocks):
-        if TENSOR_CORES and w.dtype == types.float16:
-            def on_tensor_cores(x, x_rows, norm_w, eps, w, bias, out, accumulate, block,
-                                n_blocks):
-                if w.shape[1] % 2 == 0:  # the tile reads the weights as fp16 pairs
-                    tc_matmul(x, x_rows, norm_w, eps, w, bias, out, accumulate, block, n_blocks)
-                else:
-                    tiled_matmul(x, x_rows, norm_w, eps, w, bias, out, accumulate, block,
-                                 n_blocks)
-            return on_tensor_cores
-
-        def on_fma(x, x_rows, norm_w, eps, w, bias, out, accumulate, block, n_blocks):
-            tiled_matmul(x, x_rows, norm_w, eps, w, bias, out, accumulate, block, n_blocks)
-        return on_fma
-
-    return batched_matmul
-
-
-# batched_matmul(...): the same contract as ``gemv`` for more than GEMV_MAX_ROWS rows, on tensor
-# cores where the weights are float16 (and I even), on the FMA tile otherwise.
-batched_matmul = (cuda.jit(device=True)(_tensor_core_or_tiled) if get_backend().is_simulator
-                  else _batched_matmul_gpu())
-
-
 @cuda.jit(device=True)
 def linear(x, x_rows, norm_w, eps, w, bias, out, accumulate, block, n_blocks):
-    """out (R, O) (+)= rms_norm?(x[x_rows]) @ w.T + bias.
-    x (T, I) f32; x_rows (R,) i32; norm_w (I,) or (0,); w (O, I) f32/f16; bias (O,) or (0,).
-    The path is chosen from the number of rows, the same way in every executor: a GEMV for a
-    decode batch (R <= GEMV_MAX_ROWS), a tile for more (tensor cores for float16 weights)."""
-    if x_rows.shape[0] <= GEMV_MAX_ROWS:
-        gemv(x, x_rows, norm_w, eps, w, bias, out, accumulate, block, n_blocks)
-    else:
-        batched_matmul(x, x_rows, norm_w, eps, w, bias, out, accumulate, block, n_blocks)
-
-
-@cuda.jit(device=True)
-def linear_in_megakernel(x, x_rows, norm_w, eps, w, bias, out, accumulate, block, n_blocks):
-    """``linear`` for a kernel that runs *every* op of a step (the persistent kernel's forward and
-    its device-graph nodes, ``executors/forward_ops.py``): the GEMV, and the FMA tile for more rows.
-    Static shared memory is per kernel (48 KB) and every op's arrays add up in it; the
-    tensor-core tile's double-buffered tiles (~28 KB) do not fit beside the others there."""
+    """out (R, O) (+)= rms_norm?(x[x_rows]) @ w.T + bias, in one kernel: the GEMV for a decode
+    batch (R <= GEMV_MAX_ROWS), the FMA tile for more. x (T, I) f32; x_rows (R,) i32;
+    norm_w (I,) or (0,); w (O, I) f32/f16; bias (O,) or (0,). The persistent kernel's forward
+    runs it between two grid barriers; the eager and graph executors launch the tensor-core tile
+    instead where ``on_tensor_cores`` says so (two launches: ``matmul_tc.launch_tc_linear``)."""
     if x_rows.shape[0] <= GEMV_MAX_ROWS:
         gemv(x, x_rows, norm_w, eps, w, bias, out, accumulate, block, n_blocks)
     else:
         tiled_matmul(x, x_rows, norm_w, eps, w, bias, out, accumulate, block, n_blocks)
+
+
+def on_tensor_cores(num_rows: int, w) -> bool:
+    """Whether a linear layer over ``num_rows`` rows takes the tensor-core tile: a batched step
+    (more than GEMV_MAX_ROWS rows) with float16 weights of an even width, unless
+    BLINK_EDU_TENSOR_CORES=0. The one place this is decided."""
+    return (TENSOR_CORES and num_rows > GEMV_MAX_ROWS and w.dtype == np.float16
+            and w.shape[1] % 2 == 0)
 
 
 @cuda.jit
@@ -375,23 +333,19 @@ def gemv_qkv_rope_kernel(x, x_rows, norm_w, eps, w, bias, qkv, positions, seq_ro
 
 
 @cuda.jit
-def batched_matmul_kernel(x, x_rows, norm_w, eps, w, bias, out, accumulate):
-    batched_matmul(x, x_rows, norm_w, eps, w, bias, out, accumulate, cuda.blockIdx.x,
-                   cuda.gridDim.x)
+def tiled_matmul_kernel(x, x_rows, norm_w, eps, w, bias, out, accumulate):
+    tiled_matmul(x, x_rows, norm_w, eps, w, bias, out, accumulate, cuda.blockIdx.x, cuda.gridDim.x)
 
 
 def linear_kernel_for(num_rows: int):
-    """The kernel a host launches for ``linear`` over ``num_rows`` rows: the same choice as
-    ``linear`` makes, made before the launch. A kernel's registers and static shared memory are
-    those of everything it may run: with the tensor-core tile inside, a decode GEMV could keep
-    only two blocks an SM resident (measured on the H200: the batch-1 step 7% slower, batch 8
-    11%), so the GEMV gets a kernel of its own."""
-    return gemv_kernel if num_rows <= GEMV_MAX_ROWS else batched_matmul_kernel
+    """The one-launch kernel a host launches for ``linear`` over ``num_rows`` rows (the layers
+    ``on_tensor_cores`` does not take): the same choice ``linear`` makes, made before the launch,
+    so that a decode GEMV is not compiled beside the FMA tile's shared arrays and registers."""
+    return gemv_kernel if num_rows <= GEMV_MAX_ROWS else tiled_matmul_kernel
 
 
 def linear_work_items(num_rows: int, out_features: int) -> int:
-    """How many work items ``linear`` has (to size the grid; for more than GEMV_MAX_ROWS rows,
-    the FMA tile's count, which bounds the tensor-core tile's: its tiles are larger)."""
+    """How many work items ``linear`` has (to size the grid): GEMV row groups, or FMA tiles."""
     if num_rows <= GEMV_MAX_ROWS:
         return gemv_work_items(out_features)
     return -(-num_rows // TILE) * -(-out_features // TILE)

@@ -13,6 +13,9 @@ alignment and turns each 32-bit piece into float32 — a bit cast for float32, a
 float16 halves two ``cvt.f32.f16`` in a line of inline PTX. The NVVM compiler makes each word
 one ``ld.global.v4.u32``. ``load8(w, row, col)`` (a matrix) and ``load8_1d(v, col)`` (a
 vector) are the two shapes the GEMV uses; attention reads the 6-d KV pool with ``load8_at``.
+``load4_at(a, index)`` is the raw form for arrays of 32-bit numbers (float32, or fp16 *pairs*
+seen as uint32): one 16-byte load, four elements back unconverted — how the tensor-core tile
+(``matmul_tc.py``) stages its operands.
 
 The contract: ``col`` is a multiple of 8 and every row of ``a`` starts 16-byte aligned — true
 when the row length is a multiple of 8 elements (device allocations are 256-byte aligned). The
@@ -42,6 +45,11 @@ def _sim_load8_at(a, index):
     return tuple(np.float32(a[head + (last + k,)]) for k in range(VEC))
 
 
+def _sim_load4_at(a, index):
+    head, last = tuple(index[:-1]), index[-1]
+    return tuple(a[head + (last + k,)] for k in range(4))
+
+
 def _gpu_loads():
     from llvmlite import ir
     from numba.core import cgutils, types
@@ -55,16 +63,20 @@ def _gpu_loads():
         "{ .reg .f16 lo, hi; mov.b32 {lo, hi}, $2; cvt.f32.f16 $0, lo; cvt.f32.f16 $1, hi; }",
         "=f,=f,r")
 
-    def vector_load(context, builder, aryty, ary_value, index_values, index_types):
-        """LLVM IR: the address of a[index], loaded as 16-byte <4 x i32> words (one for float16,
-        two for float32), each word turned into float32 values."""
+    def quads_at(context, builder, aryty, ary_value, index_values, index_types):
+        """LLVM IR: the address of a[index], as a pointer to 16-byte <4 x i32> words."""
         ary = context.make_array(aryty)(context, builder, ary_value)
         inds = [context.cast(builder, v, t, types.intp) for v, t in zip(index_values, index_types)]
         ptr = cgutils.get_item_pointer2(context, builder, data=ary.data,
                                         shape=cgutils.unpack_tuple(builder, ary.shape),
                                         strides=cgutils.unpack_tuple(builder, ary.strides),
                                         layout=aryty.layout, inds=inds)
-        quads = builder.bitcast(ptr, quad.as_pointer())
+        return builder.bitcast(ptr, quad.as_pointer())
+
+    def vector_load(context, builder, aryty, ary_value, index_values, index_types):
+        """LLVM IR: the address of a[index], loaded as 16-byte <4 x i32> words (one for float16,
+        two for float32), each word turned into float32 values."""
+        quads = quads_at(context, builder, aryty, ary_value, index_values, index_types)
         n_quads = 1 if aryty.dtype == types.float16 else 2
         words = []
         for q in range(n_quads):
@@ -82,12 +94,15 @@ def _gpu_loads():
         if not isinstance(a, types.Array) or a.dtype not in (types.float16, types.float32):
             raise TypeError(f"load8 takes a float16 or float32 array, not {a}")
 
+    def check_index(a, index):
+        if (not isinstance(index, types.BaseTuple) or len(index) != a.ndim
+                or not all(isinstance(t, types.Integer) for t in index.types)):
+            raise TypeError(f"a wide load needs a tuple of {a.ndim} integer indices, not {index}")
+
     @intrinsic
     def load8_at(typingctx, a, index):
         check(a)
-        if (not isinstance(index, types.BaseTuple) or len(index) != a.ndim
-                or not all(isinstance(t, types.Integer) for t in index.types)):
-            raise TypeError(f"load8_at needs a tuple of {a.ndim} integer indices, not {index}")
+        check_index(a, index)
         sig = types.UniTuple(types.float32, VEC)(a, index)
 
         def codegen(context, builder, signature, args):
@@ -98,11 +113,36 @@ def _gpu_loads():
 
         return sig, codegen
 
-    return load8_at
+    @intrinsic
+    def load4_at(typingctx, a, index):
+        if not isinstance(a, types.Array) or a.dtype not in (types.float32, types.uint32,
+                                                              types.int32):
+            raise TypeError(f"load4 takes an array of 32-bit numbers, not {a}")
+        check_index(a, index)
+        sig = types.UniTuple(a.dtype, 4)(a, index)
+
+        def codegen(context, builder, signature, args):
+            tup = signature.args[1]
+            quads = quads_at(context, builder, signature.args[0], args[0],
+                             cgutils.unpack_tuple(builder, args[1], len(tup)), list(tup.types))
+            loaded = builder.load(quads, align=16)
+            words = [builder.extract_element(loaded, ir.Constant(i32, k)) for k in range(4)]
+            if signature.args[0].dtype == types.float32:
+                words = [builder.bitcast(w, f32) for w in words]
+            return context.make_tuple(builder, signature.return_type, words)
+
+        return sig, codegen
+
+    return load8_at, load4_at
 
 
 # load8_at(a, (i, j, ..., col)): the 8 elements a[i, j, ..., col:col + 8] as 8 float32.
-load8_at = cuda.jit(device=True)(_sim_load8_at) if SIMULATOR else _gpu_loads()
+# load4_at(a, (i, ..., col)): the 4 elements a[i, ..., col:col + 4] of a 32-bit array, unconverted.
+if SIMULATOR:
+    load8_at = cuda.jit(device=True)(_sim_load8_at)
+    load4_at = cuda.jit(device=True)(_sim_load4_at)
+else:
+    load8_at, load4_at = _gpu_loads()
 
 
 @cuda.jit(device=True, inline=True)

@@ -2,7 +2,8 @@
 
 What it teaches: how the matrix multiplies of a *batched* step (decode of many sequences at once,
 a prompt chunk) reach the GPU's tensor cores; the same contract as the ``linear`` kernels,
-``out (+)= rms_norm?(x[x_rows]) @ W.T + b``, so it drops into the same launches.
+``out (+)= rms_norm?(x[x_rows]) @ W.T + b``, so the executors launch it (``launch_tc_linear``)
+wherever a batched step would launch a ``linear`` kernel.
 
 **What a tensor core does.** A plain CUDA core does one fused multiply-add per thread per
 instruction. A tensor core does a whole small matrix product per *warp* per instruction: with
@@ -45,34 +46,45 @@ instead of growing with the length of the sum.
 
 * block tile (``BM x BN``, k in steps of ``BK``): every thread stages a share of the ``BM x BK``
   activations (fp32 from memory, converted to fp16 on the way) and of the ``BN x BK`` weights
-  (fp16, loaded as 32-bit pairs) into shared memory — each value loaded once serves ``BN``
-  (resp. ``BM``) outputs. Two shared buffers: the loads of step ``k + 1`` are issued before the
-  ``mma`` of step ``k`` and land in the other buffer, so memory latency overlaps the math;
+  (fp16 pairs) into shared memory, 16 bytes a load (``loads.load4_at``) — each value loaded
+  once serves ``BN`` (resp. ``BM``) outputs. Two shared buffers: the loads of step ``k + 1`` are
+  issued before the ``mma`` of step ``k`` and land in the other buffer, so memory latency
+  overlaps the math;
 * warp tile (``WM x WN``): each warp owns ``MI x NI`` mma tiles of the block tile and keeps their
-  accumulators in registers across all of k (register blocking: an A fragment serves ``NI``
+  accumulators in registers across its k steps (register blocking: an A fragment serves ``NI``
   mma, a B fragment ``MI``);
 * mma (16x8x16): the instruction above.
 
-The fused prologue and epilogue of the ``linear`` kernels carry over: RMSNorm is folded in (the
-norm weight ``g`` scales the activations as they are staged, the per-token ``inv_rms`` — from
-sums of squares gathered during the same staging — scales each output row at the end), then the
-bias, then the residual (``accumulate=1`` adds onto ``out``).
+**Split-K: enough blocks for a small batch.** A decode batch of 64 tokens has one row of tiles:
+the 576 x 576 output projection is 9 tiles of 64 x 64, 9 blocks on a GPU of 132
+multiprocessors, each walking k one step after the other and each step waiting ~1 µs for
+memory. So a work item is a tile *and a range of k steps*: ``tc_steps_per_split`` splits the
+k range until the blocks fill the GPU, and the blocks add their partial tiles onto ``out`` with
+atomic adds (in an order that varies from run to run: the sums agree to float32 rounding, not
+bit for bit). A prompt chunk has tiles enough and takes all of k in one block, adding plainly.
 
-The activations are rounded to fp16 after the norm weight and before ``1 / rms``: ``|x * g|``
-must stay below fp16's largest value, 65504 (a residual stream is far below it).
+**Prologue and epilogue.** Because partial tiles are *added* to ``out``, what they are added onto
+is prepared first, by ``tc_prologue`` (a launch of its own, only when it has work): ``out``
+set to the bias (``accumulate=0``) or the bias added to the residual already there
+(``accumulate=1``), and each token's ``1 / rms`` for the RMSNorm in ``row_scale``. The norm is
+folded in as in the ``linear`` kernels: ``rms_norm(x) @ W.T = inv_rms(x) * ((x * g) @ W.T)`` —
+the norm weight ``g`` scales the activations as they are staged, ``row_scale`` each partial
+tile as it is added. The activations are rounded to fp16 after the norm weight and before
+``1 / rms``: ``|x * g|`` must stay below fp16's largest value, 65504 (a residual stream is far
+below it). ``launch_tc_linear`` makes both launches.
 
 **Two forms, one tile.** Inline PTX cannot run in Numba's simulator, so the two instructions this
 tile needs — ``mma_m16n8k16`` and ``pack_half2`` (two fp32 to an fp16 pair) — have a simulator
 form chosen once at import, as ``reduce.block_sum`` does: there every thread writes its
 fragment registers to shared memory and computes its own four outputs from the warp's registers,
-the way the hardware gathers them. (Two helpers have two forms as well: ``row_group_sum`` adds
-with atomics where the GPU shuffles, and ``fp16_pairs`` refuses weights that are not fp16 when the
-kernel runs, where the GPU refuses them when it compiles.) Everything else — the staging, the buffers, the fragment indexing, the
-loops — is the same Python code in both places, so CI checks the indexing of the real tile.
+the way the hardware gathers them. (``fp16_pairs`` has two forms as well: it refuses weights that
+are not fp16 when the kernel runs in the simulator, when it compiles on a GPU.) Everything else —
+the staging, the buffers, the fragment indexing, the split of k, the loops — is the same Python
+code in both places, so CI checks the indexing of the real tile.
 
 Requirements: ``I`` even (the weights are read as fp16 pairs), ``w`` C-contiguous float16
-(``require_tc_operands`` checks them on the host). Launch with ``reduce.THREADS`` threads a block
-(128 on a GPU, 32 in the simulator), like every other op kernel.
+(``require_tc_operands`` checks them on the host). Its kernels take ``reduce.THREADS`` threads a
+block (128 on a GPU, 32 in the simulator), like every other op kernel.
 """
 
 from __future__ import annotations
@@ -83,14 +95,18 @@ from typing import NamedTuple
 import numpy as np
 from numba import float32, int32, uint32
 
-from .reduce import FULL_MASK, SIMULATOR, THREADS, WARP, cuda
+from . import loads
+from .loads import load4_at
+from .reduce import SIMULATOR, THREADS, WARP, block_sum, cuda, grid_for
+from .reduce import THREADS as OP_THREADS  # the prologue's block: the reductions' size
 
 # --- tile geometry ---------------------------------------------------------------------------
-MI, NI = 2, 2  # mma tiles per warp: MI along m (16 rows each), NI along n (8 columns each)
-WM, WN = 16 * MI, 8 * NI  # warp tile: 32 x 16
+MI, NI = 2, 4  # mma tiles per warp: MI along m (16 rows each), NI along n (8 columns each)
+WM, WN = 16 * MI, 8 * NI  # warp tile: 32 x 32
 ACC_SHAPE = (MI, NI, 4)  # each lane's accumulators: c0..c3 of every mma tile of its warp tile
 A_FRAG = (MI, 4)  # a0..a3 for each of the MI row tiles
 B_FRAG = (NI, 2)  # b0, b1 for each of the NI column tiles
+QUAD = 4  # 32-bit words one 16-byte load brings: 4 fp32 activations, or 4 fp16 weight pairs
 
 
 class TileGeometry(NamedTuple):
@@ -100,15 +116,17 @@ class TileGeometry(NamedTuple):
     WARPS: int  # 4 on a GPU, 1 in the simulator
     WARPS_M: int  # warps stacked along the rows (tokens) of the block tile
     WARPS_N: int  # and side by side along its columns (outputs)
-    BM: int  # block tile: BM x BN (64 x 32 on a GPU, 32 x 16 in the simulator)
+    BM: int  # block tile: BM x BN (64 x 64 on a GPU, 32 x 32 in the simulator)
     BN: int
     BK: int  # k per shared-memory step
     KP: int  # 32-bit words (fp16 pairs) per row of a k step
     STRIDE: int  # words per row of a shared tile
-    STAGE_ROWS: int  # rows one pass of the block's threads stages (KP threads a row)
-    A_PER_THREAD: int  # activation rows each thread stages per k step
-    B_PER_THREAD: int  # weight rows each thread stages per k step
-    A_VALUES: int  # fp32 activations each thread holds between its loads and stores
+    A_QUADS: int  # threads staging one activation row: BK / 4 (4 fp32 a load)
+    A_ROWS: int  # activation rows one pass of the block's threads stages
+    A_LOADS: int  # 16-byte activation loads each thread issues per k step
+    B_QUADS: int  # threads staging one weight row: BK / 8 (8 fp16 a load)
+    B_ROWS: int  # weight rows one pass stages
+    B_LOADS: int  # 16-byte weight loads each thread issues per k step
     A_TILE: tuple  # (2 buffers, BM rows, STRIDE words) of fp16 pairs (uint32)
     B_TILE: tuple  # (2 buffers, BN rows, STRIDE words)
     REGS_SHAPE: tuple  # simulator: (warps, lanes, 6): every lane's a0..a3, b0, b1
@@ -121,22 +139,22 @@ def tile_geometry(threads: int, bk: int) -> TileGeometry:
     # One spare group of 4 words per row: lane (g, t) reads word g * stride + t, and with
     # stride = 4 (mod 8) the 32 lanes of a fragment load hit 32 different shared-memory banks.
     stride = kp + 4
-    stage_rows = threads // kp
-    assert threads % kp == 0 and bm % stage_rows == 0 and bn % stage_rows == 0 and kp % 8 == 0
+    a_quads, b_quads = bk // QUAD, bk // (2 * QUAD)
+    a_rows, b_rows = threads // a_quads, threads // b_quads
+    assert threads % a_quads == 0 and bm % a_rows == 0 and bn % b_rows == 0 and kp % 8 == 0
     return TileGeometry(threads, warps, warps_m, warps // warps_m, bm, bn, bk, kp, stride,
-                        stage_rows, bm // stage_rows, bn // stage_rows, 2 * bm // stage_rows,
+                        a_quads, a_rows, bm // a_rows, b_quads, b_rows, bn // b_rows,
                         (2, bm, stride), (2, bn, stride), (warps, WARP, 6))
 
 
-# k per shared-memory step. A small batch is latency-bound: every step waits once for memory, so
-# fewer, longer steps pay (I = 576 is 9 steps at 64). The price is registers: at BK 64 a thread
-# holds 32 fp32 activations and 16 weight pairs in flight (sm_90: ~245 registers, no spills,
-# 2 blocks an SM); BK 32 needs ~160. In the simulator 32, so that tests with a small I still
-# cross several steps and both buffers.
+# k per shared-memory step: 64 on a GPU (a thread then has 8 + 4 sixteen-byte loads in flight a
+# step), 32 in the simulator, so that tests with a small I still cross several steps and both
+# buffers.
 GEOMETRY = tile_geometry(THREADS, 32 if SIMULATOR else 64)
 # Numba reads module globals as compile-time constants (and global tuples as array shapes).
-(THREADS, WARPS, WARPS_M, WARPS_N, BM, BN, BK, KP, STRIDE, STAGE_ROWS, A_PER_THREAD, B_PER_THREAD,
- A_VALUES, A_TILE, B_TILE, REGS_SHAPE) = GEOMETRY
+(THREADS, WARPS, WARPS_M, WARPS_N, BM, BN, BK, KP, STRIDE, A_QUADS, A_ROWS, A_LOADS, B_QUADS,
+ B_ROWS, B_LOADS, A_TILE, B_TILE, REGS_SHAPE) = GEOMETRY
+A_VALUES, B_WORDS = QUAD * A_LOADS, QUAD * B_LOADS  # registers a thread stages per k step
 
 # --- the two instructions: inline PTX on a GPU, Python in the simulator ------------------------
 if SIMULATOR:
@@ -171,11 +189,6 @@ if SIMULATOR:
     def pack_half2(lo, hi):
         """Two float32 rounded to fp16 (to nearest even) in one 32-bit word, ``lo`` in the low half."""
         return np.array([lo, hi], np.float16).view(np.uint32)[0]
-
-    @cuda.jit(device=True)
-    def row_group_sum(value, row, sums, kc):
-        """sums[row] += the ``value`` of the KP threads staging that row (simulator: atomics)."""
-        cuda.atomic.add(sums, row, value)
 
     @cuda.jit(device=True)
     def fp16_pairs(w):
@@ -234,56 +247,71 @@ else:
 
         return sig, codegen
 
-    @cuda.jit(device=True, inline=True)
-    def row_group_sum(value, row, sums, kc):
-        """sums[row] = the sum of ``value`` over the KP consecutive lanes staging that row:
-        butterfly shuffles inside the group, then its first lane writes."""
-        offset = KP // 2
-        while offset > 0:
-            value += cuda.shfl_xor_sync(FULL_MASK, value, offset)
-            offset //= 2
-        if kc == 0:
-            sums[row] = value
-
 
 # --- the tile ----------------------------------------------------------------------------------
 @cuda.jit(device=True, inline=True)
-def load_step(x, w2, xrow, o0, kt, xa, wb):
-    """Global memory -> registers, k step ``kt``: this thread's fp32 activation pairs into ``xa``
-    (A_VALUES,) and fp16 weight pairs into ``wb`` (B_PER_THREAD,), zeros past the edges.
-    KP consecutive threads read one row's KP consecutive words: coalesced."""
-    kc = cuda.threadIdx.x % KP
-    kp = kt * KP + kc  # this thread's pair column: k = 2 kp, 2 kp + 1
-    I2 = w2.shape[1]
-    for j in range(A_PER_THREAD):
-        lo, hi = float32(0), float32(0)
-        if xrow[j] >= 0 and kp < I2:
-            lo, hi = x[xrow[j], 2 * kp], x[xrow[j], 2 * kp + 1]
-        xa[2 * j], xa[2 * j + 1] = lo, hi
-    for j in range(B_PER_THREAD):
-        o = o0 + cuda.threadIdx.x // KP + j * STAGE_ROWS
-        word = uint32(0)
-        if o < w2.shape[0] and kp < I2:
-            word = w2[o, kp]
-        wb[j] = word
+def load_quad(a, row, col, n, wide, dst, at):
+    """dst[at : at + 4] = a[row, col : col + 4] (32-bit numbers), zeros past column ``n`` or for
+    ``row`` < 0 (past the last row). ``wide``: one 16-byte load (``loads.load4_at``); the caller
+    guarantees that then a quad is all inside or all outside."""
+    if row >= 0 and col < n:
+        if wide:
+            q0, q1, q2, q3 = load4_at(a, (row, col))
+            dst[at], dst[at + 1], dst[at + 2], dst[at + 3] = q0, q1, q2, q3
+        else:
+            for u in range(QUAD):
+                if col + u < n:
+                    dst[at + u] = a[row, col + u]
+                else:
+                    dst[at + u] = 0
+    else:
+        for u in range(QUAD):
+            dst[at + u] = 0
 
 
 @cuda.jit(device=True, inline=True)
-def store_step(xa, wb, norm_w, kt, a_tile, b_tile, buf, sumsq):
+def load_step(x, w2, xrow, o0, kt, wide, xa, wb):
+    """Global memory -> registers, k step ``kt``: A_LOADS quads of fp32 activations into ``xa``
+    (A_VALUES,) and B_LOADS quads of fp16 weight pairs into ``wb`` (B_WORDS,). A_QUADS
+    consecutive threads read one activation row, B_QUADS one weight row: coalesced, 16 bytes a
+    thread."""
+    tid = cuda.threadIdx.x
+    I = x.shape[1]
+    k = kt * BK + QUAD * (tid % A_QUADS)  # this thread's first activation column
+    for j in range(A_LOADS):
+        load_quad(x, xrow[j], k, I, wide, xa, QUAD * j)
+    kw = kt * KP + QUAD * (tid % B_QUADS)  # and its first weight word (pair) column
+    for j in range(B_LOADS):
+        o = o0 + tid // B_QUADS + j * B_ROWS
+        load_quad(w2, o if o < w2.shape[0] else -1, kw, w2.shape[1], wide, wb, QUAD * j)
+
+
+@cuda.jit(device=True, inline=True)
+def norm_weight(norm_w, k):
+    """The RMSNorm weight of input ``k``; 1 without a norm (an empty ``norm_w``) or past I."""
+    if k < norm_w.shape[0]:
+        return norm_w[k]
+    return float32(1)
+
+
+@cuda.jit(device=True, inline=True)
+def store_step(xa, wb, norm_w, kt, a_tile, b_tile, buf):
     """Registers -> shared buffer ``buf``: activations times the norm weight, rounded to fp16
-    pairs; weights as they are. Adds the squares of the raw activations to ``sumsq``."""
-    kc = cuda.threadIdx.x % KP
-    first = cuda.threadIdx.x // KP
-    k = 2 * (kt * KP + kc)
-    g0, g1 = float32(1), float32(1)
-    if norm_w.shape[0] > 0 and k < norm_w.shape[0]:
-        g0, g1 = norm_w[k], norm_w[k + 1]
-    for j in range(A_PER_THREAD):
-        lo, hi = xa[2 * j], xa[2 * j + 1]
-        sumsq[j] += lo * lo + hi * hi
-        a_tile[buf, first + j * STAGE_ROWS, kc] = pack_half2(lo * g0, hi * g1)
-    for j in range(B_PER_THREAD):
-        b_tile[buf, first + j * STAGE_ROWS, kc] = wb[j]
+    pairs (2 words a quad); weights as they are (4 words a quad)."""
+    tid = cuda.threadIdx.x
+    qa = tid % A_QUADS
+    k = kt * BK + QUAD * qa
+    g0, g1 = norm_weight(norm_w, k), norm_weight(norm_w, k + 1)
+    g2, g3 = norm_weight(norm_w, k + 2), norm_weight(norm_w, k + 3)
+    for j in range(A_LOADS):
+        m = tid // A_QUADS + j * A_ROWS
+        a_tile[buf, m, 2 * qa] = pack_half2(xa[QUAD * j] * g0, xa[QUAD * j + 1] * g1)
+        a_tile[buf, m, 2 * qa + 1] = pack_half2(xa[QUAD * j + 2] * g2, xa[QUAD * j + 3] * g3)
+    qb = tid % B_QUADS
+    for j in range(B_LOADS):
+        n = tid // B_QUADS + j * B_ROWS
+        for u in range(QUAD):
+            b_tile[buf, n, QUAD * qb + u] = wb[QUAD * j + u]
 
 
 @cuda.jit(device=True, inline=True)
@@ -321,7 +349,7 @@ def plus_bias(y, bias, o):
 @cuda.jit(device=True, inline=True)
 def store_output(out, r, o, y, bias, accumulate):
     """The epilogue for one element: add the bias, add onto ``out`` (the residual) or replace it;
-    nothing past the last column (the block tile overhangs an O that is not a multiple of BN)."""
+    nothing past the last column (a tile overhangs an O that is not a multiple of its width)."""
     if o < out.shape[1]:
         y = plus_bias(y, bias, o)
         if accumulate:
@@ -330,9 +358,20 @@ def store_output(out, r, o, y, bias, accumulate):
 
 
 @cuda.jit(device=True, inline=True)
-def write_tile(out, r0, o0, acc, sums, use_norm, eps, bias, accumulate):
-    """Each lane's accumulators to ``out``: c0, c1 at row g, columns 2t, 2t+1 of every mma tile,
-    c2, c3 at row g + 8; each row scaled by its 1 / rms when there is a norm."""
+def add_output(out, r, o, y, shared):
+    """out[r, o] += y; with an atomic add where other blocks add their part of k to the same
+    element (``shared``: the k range is split); nothing past the last column."""
+    if o < out.shape[1]:
+        if shared:
+            cuda.atomic.add(out, (r, o), y)
+        else:
+            out[r, o] += y
+
+
+@cuda.jit(device=True, inline=True)
+def add_tile(out, r0, o0, acc, norm_w, row_scale, shared):
+    """Each lane's accumulators onto ``out``: c0, c1 at row g, columns 2t, 2t+1 of every mma
+    tile, c2, c3 at row g + 8; with a norm each row scaled by its ``row_scale`` (1 / rms)."""
     warp, lane = cuda.threadIdx.x // WARP, cuda.threadIdx.x % WARP
     g, t = lane // 4, lane % 4
     m0 = (warp // WARPS_N) * WM
@@ -340,82 +379,143 @@ def write_tile(out, r0, o0, acc, sums, use_norm, eps, bias, accumulate):
     R = out.shape[0]
     for mi in range(MI):
         for half in range(2):  # rows g (c0, c1) and g + 8 (c2, c3)
-            m = m0 + mi * 16 + half * 8 + g
-            if r0 + m < R:
-                scale = float32(1)
-                if use_norm:
-                    scale = float32(1) / math.sqrt(sums[m] + eps)
+            r = r0 + m0 + mi * 16 + half * 8 + g
+            if r < R:
+                scale = row_scale[r] if norm_w.shape[0] > 0 else float32(1)
                 for ni in range(NI):
                     o = o0 + n0 + ni * 8 + 2 * t
-                    store_output(out, r0 + m, o, acc[mi, ni, 2 * half] * scale, bias, accumulate)
-                    store_output(out, r0 + m, o + 1, acc[mi, ni, 2 * half + 1] * scale, bias,
-                                 accumulate)
+                    add_output(out, r, o, acc[mi, ni, 2 * half] * scale, shared)
+                    add_output(out, r, o + 1, acc[mi, ni, 2 * half + 1] * scale, shared)
 
 
 @cuda.jit(device=True, inline=True)
-def tc_matmul(x, x_rows, norm_w, eps, w, bias, out, accumulate, block, n_blocks):
-    """out (R, O) (+)= rms_norm?(x[x_rows]) @ w.T + bias, on tensor cores, work items ``block``,
-    ``block + n_blocks``, ... of ``tc_work_items(R, O)``. x (T, I) f32; x_rows (R,) i32;
-    norm_w (I,) f32 or (0,); eps f32; w (O, I) f16, I even; bias (O,) f32 or (0,);
-    out (R, O) f32; accumulate 0/1. Every thread of the block must call it."""
+def tc_matmul(x, x_rows, norm_w, w, row_scale, out, steps_per_split, block, n_blocks):
+    """out (R, O) += rms_norm?(x[x_rows]) @ w.T, on tensor cores, work items ``block``,
+    ``block + n_blocks``, ... of ``tc_work_items(R, O, I, steps_per_split)``; ``out`` holds what
+    ``tc_prologue`` put there (the bias, the residual) and ``row_scale`` (R,) its 1 / rms.
+    x (T, I) f32; x_rows (R,) i32; norm_w (I,) f32 or (0,); w (O, I) f16, I even.
+    A work item is one BM x BN tile of ``out`` over ``steps_per_split`` k steps of BK.
+    Every thread of the block must call it."""
     tid = cuda.threadIdx.x
     R = x_rows.shape[0]
     O, I = w.shape
     w2 = fp16_pairs(w)  # (O, I // 2) uint32: word j of row o = w[o, 2j] (low half), w[o, 2j+1]
-    use_norm = norm_w.shape[0] > 0
+    wide = loads.WIDE_LOADS and I % (2 * QUAD) == 0  # every row 16-byte aligned: wide loads
     a_tile = cuda.shared.array(A_TILE, uint32)  # (2, BM, STRIDE) fp16 pairs of activations
     b_tile = cuda.shared.array(B_TILE, uint32)  # (2, BN, STRIDE) fp16 pairs of weights
-    sums = cuda.shared.array(BM, float32)  # (BM,) per row of the tile: mean square of x
     acc = cuda.local.array(ACC_SHAPE, float32)  # (MI, NI, 4) this lane's outputs
     afrag = cuda.local.array(A_FRAG, uint32)  # (MI, 4)
     bfrag = cuda.local.array(B_FRAG, uint32)  # (NI, 2)
-    xa = cuda.local.array(A_VALUES, float32)  # (A_VALUES,) staged activations, pairs
-    wb = cuda.local.array(B_PER_THREAD, uint32)  # (B_PER_THREAD,) staged weight pairs
-    xrow = cuda.local.array(A_PER_THREAD, int32)  # (A_PER_THREAD,) x row of each staged row
-    sumsq = cuda.local.array(A_PER_THREAD, float32)  # (A_PER_THREAD,) partial sums of squares
+    xa = cuda.local.array(A_VALUES, float32)  # (A_VALUES,) staged activations
+    wb = cuda.local.array(B_WORDS, uint32)  # (B_WORDS,) staged weight pairs
+    xrow = cuda.local.array(A_LOADS, int32)  # (A_LOADS,) x row of each staged row, -1 past R
     m_tiles = (R + BM - 1) // BM
-    n_items = m_tiles * ((O + BN - 1) // BN)  # = tc_work_items(R, O)
-    k_steps = (I // 2 + KP - 1) // KP
-    for item in range(block, n_items, n_blocks):
+    tiles = m_tiles * ((O + BN - 1) // BN)
+    k_steps = (I + BK - 1) // BK
+    splits = (k_steps + steps_per_split - 1) // steps_per_split
+    for item in range(block, tiles * splits, n_blocks):
         # Consecutive items share a weight tile: blocks running together read it from HBM once.
-        r0, o0 = (item % m_tiles) * BM, (item // m_tiles) * BN
-        for j in range(A_PER_THREAD):
-            r = r0 + tid // KP + j * STAGE_ROWS
+        tile, split = item % tiles, item // tiles
+        r0, o0 = (tile % m_tiles) * BM, (tile // m_tiles) * BN
+        k_first = split * steps_per_split
+        k_end = min(k_steps, k_first + steps_per_split)
+        for j in range(A_LOADS):
+            r = r0 + tid // A_QUADS + j * A_ROWS
             xrow[j] = x_rows[r] if r < R else -1
-            sumsq[j] = 0
-        for e in range(tid, BM, THREADS):
-            sums[e] = 0
         for mi in range(MI):
             for ni in range(NI):
                 for q in range(4):
                     acc[mi, ni, q] = 0
-        load_step(x, w2, xrow, o0, 0, xa, wb)
-        store_step(xa, wb, norm_w, 0, a_tile, b_tile, 0, sumsq)
+        load_step(x, w2, xrow, o0, k_first, wide, xa, wb)
+        store_step(xa, wb, norm_w, k_first, a_tile, b_tile, 0)
         cuda.syncthreads()
-        for kt in range(k_steps):
-            if kt + 1 < k_steps:  # issue the next step's loads before this step's math
-                load_step(x, w2, xrow, o0, kt + 1, xa, wb)
-            mma_step(a_tile, b_tile, kt % 2, acc, afrag, bfrag)
-            if kt + 1 < k_steps:  # the other buffer: nobody reads it during this step
-                store_step(xa, wb, norm_w, kt + 1, a_tile, b_tile, (kt + 1) % 2, sumsq)
+        for kt in range(k_first, k_end):
+            buf = (kt - k_first) % 2
+            if kt + 1 < k_end:  # issue the next step's loads before this step's math
+                load_step(x, w2, xrow, o0, kt + 1, wide, xa, wb)
+            mma_step(a_tile, b_tile, buf, acc, afrag, bfrag)
+            if kt + 1 < k_end:  # the other buffer: nobody reads it during this step
+                store_step(xa, wb, norm_w, kt + 1, a_tile, b_tile, 1 - buf)
             cuda.syncthreads()
-        if use_norm:
-            for j in range(A_PER_THREAD):
-                row_group_sum(sumsq[j] / float32(I), tid // KP + j * STAGE_ROWS, sums, tid % KP)
-            cuda.syncthreads()
-        write_tile(out, r0, o0, acc, sums, use_norm, eps, bias, accumulate)
-        cuda.syncthreads()  # the next item's staging reuses the buffers and ``sums``
+        add_tile(out, r0, o0, acc, norm_w, row_scale, splits > 1)
+
+
+@cuda.jit(device=True, inline=True)
+def tc_prologue(x, x_rows, norm_w, eps, bias, out, accumulate, row_scale, block, n_blocks):
+    """What the tile's partial sums are added onto, one row r of R a work item:
+    ``row_scale[r] = 1 / rms(x[x_rows[r]])`` with a norm, and ``out[r, :] = (out[r, :] if
+    accumulate else 0) + bias`` (left alone when that changes nothing)."""
+    tid = cuda.threadIdx.x
+    I, O = x.shape[1], out.shape[1]
+    scratch = cuda.shared.array(OP_THREADS, float32)
+    for r in range(block, x_rows.shape[0], n_blocks):
+        if norm_w.shape[0] > 0:  # the same for the whole block
+            squares = float32(0)
+            for i in range(tid, I, OP_THREADS):
+                xi = x[x_rows[r], i]
+                squares += xi * xi
+            total = block_sum(squares, scratch)
+            if tid == 0:
+                row_scale[r] = float32(1) / math.sqrt(total / I + eps)
+        if bias.shape[0] > 0 or not accumulate:
+            for o in range(tid, O, OP_THREADS):
+                start = out[r, o] if accumulate else float32(0)
+                out[r, o] = plus_bias(start, bias, o)
 
 
 @cuda.jit
-def tc_matmul_kernel(x, x_rows, norm_w, eps, w, bias, out, accumulate):
-    """``tc_matmul`` as a kernel: launch ``[grid_for(tc_work_items(R, O)), THREADS]``."""
-    tc_matmul(x, x_rows, norm_w, eps, w, bias, out, accumulate, cuda.blockIdx.x, cuda.gridDim.x)
+def tc_prologue_kernel(x, x_rows, norm_w, eps, bias, out, accumulate, row_scale):
+    """``tc_prologue`` as a kernel: launch ``[grid_for(R), reduce.THREADS]``."""
+    tc_prologue(x, x_rows, norm_w, eps, bias, out, accumulate, row_scale, cuda.blockIdx.x,
+                cuda.gridDim.x)
 
 
-def tc_work_items(R: int, O: int) -> int:
-    """How many work items (BM x BN tiles of ``out``) ``tc_matmul`` has for R rows and O outputs."""
-    return -(-R // BM) * -(-O // BN)
+@cuda.jit
+def tc_matmul_kernel(x, x_rows, norm_w, w, row_scale, out, steps_per_split):
+    """``tc_matmul`` as a kernel: launch ``[grid_for(tc_work_items(R, O, I, steps)), THREADS]``."""
+    tc_matmul(x, x_rows, norm_w, w, row_scale, out, steps_per_split, cuda.blockIdx.x,
+              cuda.gridDim.x)
+
+
+def tc_work_items(R: int, O: int, I: int, steps_per_split: int) -> int:
+    """Work items of ``tc_matmul``: BM x BN tiles of ``out``, times the splits of its k steps."""
+    k_steps = -(-I // BK)
+    return -(-R // BM) * -(-O // BN) * -(-k_steps // steps_per_split)
+
+
+# Fewest k steps a work item takes when the k range is split (measured on the H200:
+# ``tools/tc_matmul_probe.py``).
+MIN_STEPS_PER_SPLIT = 2
+
+
+def tc_steps_per_split(R: int, O: int, I: int, num_sms: int) -> int:
+    """How many k steps each work item takes: all of them when the tiles alone fill the GPU's
+    ``num_sms`` multiprocessors; otherwise the k range is split among more blocks (split-K), so
+    that a decode batch's few tiles do not leave most of the GPU idle while each block walks k
+    one memory latency a step — but never below MIN_STEPS_PER_SPLIT, since every split adds its
+    whole tile to ``out`` with atomics."""
+    k_steps = -(-I // BK)
+    tiles = -(-R // BM) * -(-O // BN)
+    splits = max(1, min(k_steps, -(-num_sms // tiles)))
+    return max(min(k_steps, MIN_STEPS_PER_SPLIT), -(-k_steps // splits))
+
+
+def needs_prologue(norm_w, bias, accumulate) -> bool:
+    """Whether ``tc_prologue`` has anything to do: a norm, a bias, or an ``out`` to overwrite."""
+    return norm_w.shape[0] > 0 or bias.shape[0] > 0 or not accumulate
+
+
+def launch_tc_linear(x, x_rows, norm_w, eps, w, bias, out, accumulate, row_scale, stream=0,
+                     num_sms: int = 1, steps_per_split: int | None = None) -> None:
+    """out (R, O) (+)= rms_norm?(x[x_rows]) @ w.T + bias on tensor cores: the prologue (if it has
+    work) and the tile, two launches on ``stream``. ``row_scale`` (>= R,) f32 device scratch."""
+    R, (O, I) = x_rows.shape[0], w.shape
+    if needs_prologue(norm_w, bias, accumulate):
+        tc_prologue_kernel[grid_for(R), OP_THREADS, stream](x, x_rows, norm_w, eps, bias, out,
+                                                        accumulate, row_scale)
+    steps = steps_per_split or tc_steps_per_split(R, O, I, num_sms)
+    tc_matmul_kernel[grid_for(tc_work_items(R, O, I, steps)), THREADS, stream](
+        x, x_rows, norm_w, w, row_scale, out, steps)
 
 
 def require_tc_operands(x_rows, w, out) -> None:

@@ -8,9 +8,9 @@ import pytest
 
 from blink_edu.kernels import matmul_tc
 from blink_edu.kernels.matmul_tc import (
-    BK, BM, BN, WM, WN, mma_m16n8k16, pack_half2, require_tc_operands, tc_matmul_kernel,
-    tc_work_items, tile_geometry)
-from blink_edu.kernels.reduce import THREADS, cuda, grid_for
+    BK, BM, BN, MIN_STEPS_PER_SPLIT, WM, WN, launch_tc_linear, mma_m16n8k16, pack_half2,
+    require_tc_operands, tc_matmul_kernel, tc_steps_per_split, tc_work_items, tile_geometry)
+from blink_edu.kernels.reduce import THREADS, cuda
 
 FP16_TOL = 1e-2
 FUSIONS = ["plain", "norm", "bias+residual", "norm+bias+residual"]
@@ -24,8 +24,8 @@ def dev(a):
     return cuda.to_device(np.ascontiguousarray(a))
 
 
-def run_case(rng, R, I, O, fused, n_blocks=None, threads=THREADS):
-    """One launch of ``tc_matmul_kernel`` on fresh random inputs; returns (out, reference)
+def run_case(rng, R, I, O, fused, steps_per_split=None, num_sms=1):
+    """``launch_tc_linear`` (prologue and tile) on fresh random inputs; returns (out, reference)
     without the residual, so that a large residual cannot hide an error in the product."""
     T = R + 3
     x = (2 * rng.standard_normal((T, I))).astype(np.float32)
@@ -41,42 +41,68 @@ def run_case(rng, R, I, O, fused, n_blocks=None, threads=THREADS):
     start = rng.standard_normal((R, O)).astype(np.float32) if residual \
         else np.full((R, O), np.nan, np.float32)  # poisoned: every element must be written
     out = dev(start)
-    blocks = n_blocks or grid_for(tc_work_items(R, O))
-    tc_matmul_kernel[blocks, threads](dev(x), dev(x_rows), dev(g), np.float32(1e-5), dev(w),
-                                      dev(b), out, int(residual))
+    row_scale = dev(np.full(R, np.nan, np.float32))  # poisoned: the prologue must fill it
+    launch_tc_linear(dev(x), dev(x_rows), dev(g), np.float32(1e-5), dev(w), dev(b), out,
+                     int(residual), row_scale, num_sms=num_sms, steps_per_split=steps_per_split)
     got = out.copy_to_host()
     return (got - start if residual else got), expected
 
 
-# Ragged on every axis: R not a multiple of 16, I not a multiple of 16 (but even), O odd.
-@pytest.mark.parametrize("R,I,O", [(1, 16, 8), (5, 24, 9), (17, 40, 24), (20, 24, 9)])
+# Ragged on every axis: R not a multiple of 16, I not a multiple of 16 (but even), O odd; the k
+# range in one work item (steps None: as many as there are) or split one step a work item, the
+# partial tiles meeting in ``out`` through atomic adds.
+@pytest.mark.parametrize("R,I,O", [(1, 16, 8), (5, 24, 9), (17, 40, 24), (20, 18, 9)])
 @pytest.mark.parametrize("fused", FUSIONS)
-def test_tc_matmul_matches_reference_on_ragged_shapes(rng, R, I, O, fused):
-    got, expected = run_case(rng, R, I, O, fused)
+@pytest.mark.parametrize("steps", [None, 1])
+def test_tc_matmul_matches_reference_on_ragged_shapes(rng, R, I, O, fused, steps):
+    got, expected = run_case(rng, R, I, O, fused, steps_per_split=steps)
     assert np.isfinite(got).all()
     assert rel_err(got, expected) < FP16_TOL
 
 
-def test_tc_matmul_over_several_tiles_and_k_steps_in_one_block(rng):
+@pytest.mark.parametrize("steps", [None, 1, 2])
+def test_tc_matmul_over_several_tiles_and_k_steps_in_one_block(rng, steps):
     """More row tiles, column tiles and k steps than one of each, all looped by a single block
-    (the grid stride), so both shared buffers and every tile edge are used."""
+    (the grid stride), so both shared buffers, every tile edge and every split are used."""
     R, I, O = BM + 3, 2 * BK + 8, 2 * BN + 1
-    assert tc_work_items(R, O) == 2 * 3
-    got, expected = run_case(rng, R, I, O, "norm+bias+residual", n_blocks=1)
+    assert tc_work_items(R, O, I, steps or 3) == 2 * 3 * -(-3 // (steps or 3))  # 3 k steps
+    got, expected = run_case(rng, R, I, O, "norm+bias+residual", steps_per_split=steps)
     assert rel_err(got, expected) < FP16_TOL
 
 
 def test_the_gpu_tile_geometry_in_the_simulator(rng, monkeypatch):
-    """A GPU block is 4 warps (2 x 2) over a 64 x 32 tile in 64-wide k steps; the simulator's is
+    """A GPU block is 4 warps (2 x 2) over a 64 x 64 tile in 64-wide k steps; the simulator's is
     one warp. Running the GPU's geometry here too checks the warp-tile offsets and the staging by
     128 threads in CI (on a GPU this is the geometry it has anyway)."""
     gpu = tile_geometry(128, 64)
     for name, value in gpu._asdict().items():
         monkeypatch.setattr(matmul_tc, name, value)
+    monkeypatch.setattr(matmul_tc, "A_VALUES", matmul_tc.QUAD * gpu.A_LOADS)
+    monkeypatch.setattr(matmul_tc, "B_WORDS", matmul_tc.QUAD * gpu.B_LOADS)
     R, I, O = WM + 5, gpu.BK + 8, gpu.BN + WN // 2  # both warp rows, 2 column tiles, 2 k steps
-    assert tc_work_items(R, O) == 2
-    got, expected = run_case(rng, R, I, O, "norm+bias+residual", threads=gpu.THREADS)
+    assert tc_work_items(R, O, I, 1) == 2 * 2
+    got, expected = run_case(rng, R, I, O, "norm+bias+residual", steps_per_split=1)
     assert rel_err(got, expected) < FP16_TOL
+
+
+def test_split_k_fills_the_gpu_but_keeps_some_steps_per_item():
+    """A decode batch's few tiles are split along k until they cover the multiprocessors, never
+    below MIN_STEPS_PER_SPLIT steps an item; enough tiles are not split at all."""
+    k_steps = 24
+    I = k_steps * BK
+    assert tc_steps_per_split(BM, BN, I, num_sms=1) == k_steps  # one tile fills one SM
+    steps = tc_steps_per_split(BM, 9 * BN, I, num_sms=132)  # 9 tiles on 132 SMs
+    assert steps == max(MIN_STEPS_PER_SPLIT, 2)  # 24 / 15 splits -> 2 steps each
+    assert tc_work_items(BM, 9 * BN, I, steps) >= 9 * 12
+    assert tc_steps_per_split(8 * BM, 20 * BN, I, num_sms=132) == k_steps  # 160 tiles: no split
+
+
+def test_the_prologue_is_skipped_only_when_it_has_nothing_to_do():
+    empty, some = np.zeros(0, np.float32), np.ones(4, np.float32)
+    assert not matmul_tc.needs_prologue(empty, empty, accumulate=1)  # a residual add: nothing
+    assert matmul_tc.needs_prologue(some, empty, accumulate=1)  # a norm: 1 / rms per row
+    assert matmul_tc.needs_prologue(empty, some, accumulate=1)  # a bias to add first
+    assert matmul_tc.needs_prologue(empty, empty, accumulate=0)  # out to overwrite
 
 
 def test_mma_fragment_layout_matches_numpy(rng):
@@ -136,8 +162,8 @@ def test_float32_weights_are_refused_by_the_kernel(rng):
     empty = np.zeros(0, np.float32)
     with pytest.raises(Exception, match="float16 weights"):
         tc_matmul_kernel[1, THREADS](dev(x), dev(np.arange(2, dtype=np.int32)), dev(empty),
-                                     np.float32(1e-5), dev(w), dev(empty),
-                                     dev(np.zeros((2, 8), np.float32)), 0)
+                                     dev(w), dev(np.ones(2, np.float32)),
+                                     dev(np.zeros((2, 8), np.float32)), 1)
 
 
 # The 135M model's matrices (O, I) at a decode batch of 64 and a 512-token prompt chunk.
@@ -150,6 +176,8 @@ SHAPES_135M = {"qkv": (960, 576), "o": (576, 576), "gate_up": (3072, 576), "down
 @pytest.mark.parametrize("name", list(SHAPES_135M))
 @pytest.mark.parametrize("fused", ["plain", "norm+bias+residual"])
 def test_tc_matmul_at_the_135m_shapes_on_the_gpu(rng, R, name, fused):
+    """The real ``mma.sync`` with the k range split as the executors split it on this GPU."""
     O, I = SHAPES_135M[name]
-    got, expected = run_case(rng, R, I, O, fused)
+    num_sms = cuda.get_current_device().MULTIPROCESSOR_COUNT
+    got, expected = run_case(rng, R, I, O, fused, num_sms=num_sms)
     assert rel_err(got, expected) < FP16_TOL
