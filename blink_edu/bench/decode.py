@@ -122,6 +122,17 @@ def time_executor(executor, batches, prompt_len, steps, vocab, rng, label=None) 
     return rows
 
 
+def prefill_breakdown(executor: EagerExecutor, prompt_len: int, vocab: int, rng) -> dict:
+    """GPU microseconds per op kind of a ``prompt_len``-token prefill (the eager executor)."""
+    run = DecodeRun(executor, 1, prompt_len, vocab, rng)
+    run.step()  # compiles, and leaves the prompt's positions and blocks in the buffers
+    ops = op_breakdown(executor, 1, tokens=prompt_len)
+    run.free()
+    listed = ", ".join(f"{k} {v:.0f}" for k, v in sorted(ops.items(), key=lambda kv: -kv[1]))
+    print(f"    prefill {prompt_len}: GPU us per op kind (isolated): {listed}", flush=True)
+    return {"executor": executor.name, "prefill_tokens": prompt_len, "op_gpu_us": ops}
+
+
 def time_prefill(executor, prompt_len: int, vocab: int, rng, repeats: int = 5) -> dict:
     """One ``prompt_len``-token prompt at batch 1: the step that prefills it (host time, the
     input copies and the sampled token included, as the peers' prefill), median of ``repeats``;
@@ -161,8 +172,11 @@ def hold_stream(stream, seconds: float) -> None:
     spin_for_ns[1, 1, cuda.external_stream(stream.ptr)](int(seconds * 1e9))
 
 
-def op_breakdown(executor: EagerExecutor, batch: int, repeats: int = 5) -> dict[str, float]:
-    """GPU microseconds per op kind in one decode step, summed over layers (median of repeats).
+def op_breakdown(executor: EagerExecutor, batch: int, repeats: int = 5,
+                 tokens: int | None = None) -> dict[str, float]:
+    """GPU microseconds per op kind in one decode step (or a step of ``tokens`` tokens: a
+    prefill), summed over layers (median of repeats). The step's inputs are whatever the last
+    step left in the executor's buffers: run that step first.
 
     Timing a kernel with events around it would also count the host's ~60 µs launch gap. So the
     stream is first held by a spin kernel long enough for the host to queue the whole step
@@ -170,7 +184,7 @@ def op_breakdown(executor: EagerExecutor, batch: int, repeats: int = 5) -> dict[
     to back and the events measure GPU time only."""
     import cupy
 
-    s_b, t_b = executor.buckets(batch, batch)
+    s_b, t_b = executor.buckets(batch, tokens or batch)
     stream = executor._cupy_stream
     runs: list[dict[str, float]] = []
     for _ in range(repeats):
@@ -343,6 +357,8 @@ def bench_model(label: str, weights: ModelWeights, hf_folder: Path | None, args,
     for cls in (EagerExecutor, GraphExecutor):
         executor = cls(weights, engine, weight_dtype=np.float16)
         rows += time_executor(executor, batches, args.prompt_len, args.steps, cfg.vocab_size, rng)
+        if cls is EagerExecutor:
+            rows.append(prefill_breakdown(executor, args.prefill_tokens, cfg.vocab_size, rng))
         if cls is GraphExecutor:
             for r in rows:
                 if r["executor"] == "graph":
