@@ -1,6 +1,7 @@
 """Time the tensor-core matmul tile at the SmolLM2-135M shapes on a GPU, inside a CUDA graph.
 
     python tools/tc_matmul_probe.py [--rows 64 512] [--replays 50] [--runs 20] [--bk 32] [--json F]
+    ncu -k regex:tc_matmul --section ... python tools/tc_matmul_probe.py --once   # the tile profiled
 
 For each token count R and each linear layer of the 135M shape (hidden 576, intermediate 1536,
 9 query / 3 KV heads of 64, vocab 49152) it first checks ``launch_tc_linear`` (prologue and
@@ -121,6 +122,8 @@ def main(argv=None) -> int:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--bk", type=int, choices=[32, 64], help="k step (default: the module's)")
     parser.add_argument("--json", default=None, help="also write the table here (JSON)")
+    parser.add_argument("--once", action="store_true",
+                        help="only the checked launch of each shape, nothing timed (for ncu)")
     args = parser.parse_args(argv)
     rows = []
     if args.bk:  # before the first launch compiles the kernel with the module's constants
@@ -147,6 +150,9 @@ def main(argv=None) -> int:
                 print(f"{name} at R={R}: relative error {err:.2e} >= {TOLERANCE}: not timed")
                 return 1
             steps = tc_steps_per_split(R, O, I, num_sms)
+            if args.once:
+                print(f"{name:>8} {R:>4} {f'{O}x{I}':>12} {err:8.1e} | {steps:>5}", flush=True)
+                continue
             tc_us = time_in_graph(lambda s: launch_tc_linear(*kernel_args, stream=s,
                                                              num_sms=num_sms),
                                   args.replays, args.runs)
