@@ -28,7 +28,9 @@ nothing to do: per chunk of ``key_chunk(E)`` positions the block loads the keys 
 memory once, scores them against every query of the tile, updates each query's online softmax,
 loads the values into the same buffer and adds them to each query's accumulators — five
 barriers a chunk for 16 queries, where the one-query walk spends six for one. Decode tokens
-(one per sequence) keep the one-query walk above, so a decode step keeps its parallelism.
+(one per sequence) keep the one-query walk above, so a decode step keeps its parallelism; a
+step of decode tokens only runs ``decode_attention_kernel``, which leaves the tile out
+(``attention_kernel_for``), and so its registers.
 """
 
 from __future__ import annotations
@@ -43,12 +45,11 @@ from .reduce import NEG_INF, SIMULATOR, THREADS, block_max, block_sum, cuda
 
 UNROLL = 8  # loads each thread has in flight in the inner loops
 # Queries one tile serves. In the simulator 4, so that small test prompts cross several tiles.
-QUERY_TILE = 4 if SIMULATOR else 16
-MAX_HEAD_DIM = 128  # the tile's shared buffers are sized for E <= 128
+QUERY_TILE = 4 if SIMULATOR else 16  # at E <= 64; fewer for larger heads (queries_per_tile)
+Q_BUFFER = QUERY_TILE * 64  # floats of the tile's queries, E each
 KV_BUFFER = 2048  # floats of keys (then values) a tile holds at once: key_chunk(E) positions
-Q_BUFFER = QUERY_TILE * MAX_HEAD_DIM  # the tile's queries, E floats each
-SCORES = QUERY_TILE * (KV_BUFFER // 32)  # (QUERY_TILE, key_chunk(E)) scores; key chunks <= 64
-TILE_OUTPUTS = QUERY_TILE * MAX_HEAD_DIM // THREADS  # accumulators a thread keeps, at most
+SCORES = QUERY_TILE * 64  # (queries, key_chunk(E)) scores; key chunks <= 64
+TILE_OUTPUTS = Q_BUFFER // THREADS  # accumulators a thread keeps: 8 on a GPU
 KEY_LOADS = 8  # wide loads of one key in flight at once: a whole 64-dim key, half a 128-dim one
 PARTS = THREADS * VEC  # (THREADS / (E / 8)) position groups x E partial sums, at most
 
@@ -108,15 +109,22 @@ def key_chunk(E):
 
 
 @cuda.jit(device=True, inline=True)
-def tile_of(t, positions, seq_rows):
-    """0 when token ``t`` is walked alone; 1 when it leads an aligned tile of QUERY_TILE tokens of
-    one sequence at consecutive positions (a prompt chunk); 2 when such a tile's leader serves
-    it. A sequence's tokens are contiguous in the flat batch, so the first and last token of
-    the tile sharing a row and spanning QUERY_TILE positions means they all do."""
-    t0 = t - t % QUERY_TILE
-    last = t0 + QUERY_TILE - 1
+def queries_per_tile(E):
+    """Queries a tile serves: QUERY_TILE up to E = 64, fewer for larger heads (E <= 128), so the
+    queries fit Q_BUFFER and each thread's accumulators stay TILE_OUTPUTS registers."""
+    return min(QUERY_TILE, Q_BUFFER // E)
+
+
+@cuda.jit(device=True, inline=True)
+def tile_of(t, positions, seq_rows, QT):
+    """0 when token ``t`` is walked alone; 1 when it leads an aligned tile of QT tokens of one
+    sequence at consecutive positions (a prompt chunk); 2 when such a tile's leader serves it.
+    A sequence's tokens are contiguous in the flat batch, so the first and last token of the
+    tile sharing a row and spanning QT positions means they all do."""
+    t0 = t - t % QT
+    last = t0 + QT - 1
     if (last < positions.shape[0] and seq_rows[t0] == seq_rows[last]
-            and positions[last] - positions[t0] == QUERY_TILE - 1):
+            and positions[last] - positions[t0] == QT - 1):
         return 1 if t == t0 else 2
     return 0
 
@@ -144,32 +152,33 @@ def stage_chunk(buf, kv_pool, block_tables, row, layer, kind, kvh, start, n, E):
 
 @cuda.jit(device=True)
 def attend_tile(qkv, positions, seq_rows, block_tables, kv_pool, layer, h, kvh, t0, out):
-    """out[t0 .. t0 + QUERY_TILE, head h] for a tile of one sequence's consecutive tokens: each
+    """out[t0 .. t0 + QT, head h] for a tile of one sequence's consecutive tokens: each
     chunk of keys and values is loaded into shared memory once and serves every query."""
     tid = cuda.threadIdx.x
     E = kv_pool.shape[5]
     CH = key_chunk(E)
+    QT = queries_per_tile(E)
     row, p0 = seq_rows[t0], positions[t0]
-    q_tile = cuda.shared.array(Q_BUFFER, float32)  # (QUERY_TILE, E) queries / sqrt(E)
+    q_tile = cuda.shared.array(Q_BUFFER, float32)  # (QT, E) queries / sqrt(E)
     kv = cuda.shared.array(KV_BUFFER, float32)  # (CH, E + 1) this chunk's keys, then values
-    scores = cuda.shared.array(SCORES, float32)  # (QUERY_TILE, CH) then exp(score - m)
+    scores = cuda.shared.array(SCORES, float32)  # (QT, CH) then exp(score - m)
     m_row = cuda.shared.array(QUERY_TILE, float32)  # running max per query
     l_row = cuda.shared.array(QUERY_TILE, float32)  # running sum of exp per query
     rescale = cuda.shared.array(QUERY_TILE, float32)  # exp(m_old - m_new) of this chunk
     acc = cuda.local.array(TILE_OUTPUTS, float32)  # output o = tid + k THREADS: (q, e) = divmod(o, E)
     scale = float32(1) / math.sqrt(float32(E))
-    for i in range(tid, QUERY_TILE * E, THREADS):
+    for i in range(tid, QT * E, THREADS):
         q_tile[i] = qkv[t0 + i // E, h * E + i % E] * scale
     for k in range(TILE_OUTPUTS):  # constant trip counts: ``acc`` stays in registers
         acc[k] = 0
-    if tid < QUERY_TILE:
+    if tid < QT:
         m_row[tid], l_row[tid] = NEG_INF, float32(0)
-    context = p0 + QUERY_TILE  # the last query's: positions 0 .. p0 + QUERY_TILE - 1
+    context = p0 + QT  # the last query's: positions 0 .. p0 + QT - 1
     for start in range(0, context, CH):
         n = min(CH, context - start)
         stage_chunk(kv, kv_pool, block_tables, row, layer, 0, kvh, start, n, E)
         cuda.syncthreads()
-        for i in range(tid, QUERY_TILE * CH, THREADS):  # every (query, key) score of the chunk
+        for i in range(tid, QT * CH, THREADS):  # every (query, key) score of the chunk
             qi, j = i // CH, i % CH
             s = NEG_INF
             if j < n and start + j <= p0 + qi:  # causal: a query sees positions <= its own
@@ -178,7 +187,7 @@ def attend_tile(qkv, positions, seq_rows, block_tables, kv_pool, layer, h, kvh, 
                     s += q_tile[qi * E + e] * kv[j * (E + 1) + e]
             scores[i] = s
         cuda.syncthreads()
-        if tid < QUERY_TILE:  # one thread a query: its online softmax over the chunk
+        if tid < QT:  # one thread a query: its online softmax over the chunk
             m_new = m_row[tid]
             for j in range(n):
                 m_new = max(m_new, scores[tid * CH + j])
@@ -194,7 +203,7 @@ def attend_tile(qkv, positions, seq_rows, block_tables, kv_pool, layer, h, kvh, 
         cuda.syncthreads()
         for k in range(TILE_OUTPUTS):
             o = tid + k * THREADS
-            if o < QUERY_TILE * E:
+            if o < QT * E:
                 qi, e = o // E, o % E
                 a = acc[k] * rescale[qi]
                 for j in range(n):
@@ -203,7 +212,7 @@ def attend_tile(qkv, positions, seq_rows, block_tables, kv_pool, layer, h, kvh, 
         cuda.syncthreads()  # the next chunk overwrites kv and scores
     for k in range(TILE_OUTPUTS):
         o = tid + k * THREADS
-        if o < QUERY_TILE * E:
+        if o < QT * E:
             out[t0 + o // E, h * E + o % E] = acc[k] / l_row[o // E]
     cuda.syncthreads()  # the block's next item resets l_row and q_tile
 
@@ -288,7 +297,7 @@ def paged_attention(qkv, positions, seq_rows, block_tables, kv_pool, layer, num_
     group = num_heads // num_kv_heads
     for item in range(block, qkv.shape[0] * num_heads, n_blocks):
         t, h = item // num_heads, item % num_heads
-        kind = tile_of(t, positions, seq_rows)  # the same for the whole block
+        kind = tile_of(t, positions, seq_rows, queries_per_tile(kv_pool.shape[5]))  # block-wide
         if kind == 1:
             attend_tile(qkv, positions, seq_rows, block_tables, kv_pool, layer, h, h // group,
                         t, out)
@@ -297,8 +306,34 @@ def paged_attention(qkv, positions, seq_rows, block_tables, kv_pool, layer, num_
                        out)
 
 
+@cuda.jit(device=True)
+def decode_attention(qkv, positions, seq_rows, block_tables, kv_pool, layer, num_heads,
+                     num_kv_heads, out, block, n_blocks):
+    """``paged_attention`` for a step of one token a sequence, where no tile can form: every
+    (token, head) walks alone. A kernel of its own because a kernel's registers are those of
+    everything it may run: without the tile path a large decode batch keeps more blocks
+    resident (on the H200: 96 registers a thread against 110, five blocks an SM against four)."""
+    group = num_heads // num_kv_heads
+    for item in range(block, qkv.shape[0] * num_heads, n_blocks):
+        t, h = item // num_heads, item % num_heads
+        attend_one(qkv, positions, seq_rows, block_tables, kv_pool, layer, h, h // group, t, out)
+
+
 @cuda.jit
 def paged_attention_kernel(qkv, positions, seq_rows, block_tables, kv_pool, layer, num_heads,
                            num_kv_heads, out):
     paged_attention(qkv, positions, seq_rows, block_tables, kv_pool, layer, num_heads,
                     num_kv_heads, out, cuda.blockIdx.x, cuda.gridDim.x)
+
+
+@cuda.jit
+def decode_attention_kernel(qkv, positions, seq_rows, block_tables, kv_pool, layer, num_heads,
+                            num_kv_heads, out):
+    decode_attention(qkv, positions, seq_rows, block_tables, kv_pool, layer, num_heads,
+                     num_kv_heads, out, cuda.blockIdx.x, cuda.gridDim.x)
+
+
+def attention_kernel_for(num_tokens: int, num_seqs: int):
+    """The kernel a host launches for a step of ``num_tokens`` tokens of ``num_seqs`` sequences:
+    with one token a sequence, the decode kernel; otherwise the one with prompt tiles."""
+    return decode_attention_kernel if num_tokens <= num_seqs else paged_attention_kernel

@@ -78,7 +78,7 @@ def test_penalties_and_logit_bias_equal_the_reference(weights, rng, dispatch):
     prompts = [rng.integers(3, 64, size=n).tolist() for n in (7, 4, 5)]
     greedy = reference.generate(weights, [prompts[1]], SamplingParams(temperature=0, max_tokens=1,
                                                                       ignore_eos=True))[0][0]
-    forced = int(rng.integers(3, 64))
+    forced = next(int(f) for f in rng.integers(3, 64, size=16) if f ^ 1 != greedy)  # bias: two ids
     params = [SamplingParams(temperature=0, max_tokens=6, ignore_eos=True,
                              presence_penalty=1.5, frequency_penalty=0.8),
               SamplingParams(temperature=0, max_tokens=4, ignore_eos=True,
