@@ -50,7 +50,7 @@ def main() -> None:
     run.step()
     run.step()
     from blink_edu.kernels import attention, elementwise, linear, rope, sampling
-    for kernel in (linear.gemv_kernel, attention.decode_attention_kernel,
+    for kernel in (linear.gemv_kernel, attention.paged_attention_kernel,
                    rope.rope_and_write_kv_kernel, elementwise.swiglu_kernel,
                    sampling.sample_rows_kernel):
         compiled_report(kernel)

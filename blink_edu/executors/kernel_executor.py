@@ -31,7 +31,7 @@ import numpy as np
 
 from ..backend import get_backend
 from ..config import EngineConfig
-from ..kernels.attention import attention_kernel_for
+from ..kernels.attention import paged_attention_kernel
 from ..kernels.elementwise import embed_tokens_kernel, swiglu_kernel
 from ..kernels.linear import (gemv_qkv_rope_kernel, gemv_swiglu_kernel, gemv_work_items,
                               linear_kernel_for, linear_work_items, on_tensor_cores)
@@ -316,11 +316,9 @@ class EagerExecutor:
 
     def launch_attention(self, qkv, positions, seq_rows, block_tables, layer, out) -> None:
         """Paged attention of layer ``layer`` (``kernels/attention.py``); a subclass may launch
-        another kernel here (the course labs). ``block_tables`` (S_b + 1, W): the bucket's
-        sequences and the padding row."""
+        another kernel here (the course labs)."""
         H, K = self.config.num_heads, self.config.num_kv_heads
-        kernel = attention_kernel_for(qkv.shape[0], block_tables.shape[0] - 1)
-        kernel[op_grid(ATTENTION, qkv.shape[0], 0, self.config), THREADS, self.stream](
+        paged_attention_kernel[op_grid(ATTENTION, qkv.shape[0], 0, self.config), THREADS, self.stream](
             qkv, positions, seq_rows, block_tables, self.kv_pool, layer, H, K, out)
 
     def run_bucket(self, s_b: int, t_b: int) -> None:

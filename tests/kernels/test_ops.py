@@ -6,8 +6,7 @@ import numpy as np
 import pytest
 
 from blink_edu.config import ModelConfig, SamplingParams
-from blink_edu.kernels.attention import (KV_BUFFER, QUERY_TILE, attention_kernel_for,
-                                         decode_attention_kernel, paged_attention_kernel)
+from blink_edu.kernels.attention import paged_attention_kernel
 from blink_edu.kernels.elementwise import embed_tokens_kernel, swiglu_kernel
 from blink_edu.kernels.linear import GEMV_MAX_ROWS, linear_kernel, linear_work_items
 from blink_edu.kernels.reduce import THREADS, block_exclusive_sum, cuda, grid_for
@@ -28,11 +27,10 @@ def dev(a):
     return cuda.to_device(np.ascontiguousarray(a))
 
 
-def ragged_batch(rng, n_seqs, block_size, num_blocks, max_len, max_new=3):
-    """A flat batch: per sequence a context length and 1..max_new new tokens at its end (a prompt
-    chunk when many), with scattered block tables. Returns positions (T,), seq_rows (T,),
-    block_tables (S, W). Lengths stay below ``max_len`` and short enough for every sequence's
-    blocks to fit the ``num_blocks``."""
+def ragged_batch(rng, n_seqs, block_size, num_blocks, max_len):
+    """A flat batch: per sequence a context length and 1..3 new tokens at its end, with scattered
+    block tables. Returns positions (T,), seq_rows (T,), block_tables (S, W). Lengths stay below
+    ``max_len`` and short enough for every sequence's blocks to fit the ``num_blocks``."""
     max_len = min(max_len, (num_blocks // n_seqs) * block_size + 1)
     lengths = rng.integers(1, max_len, size=n_seqs)
     width = -(-int(lengths.max()) // block_size)
@@ -44,7 +42,7 @@ def ragged_batch(rng, n_seqs, block_size, num_blocks, max_len, max_new=3):
         nb = -(-int(n) // block_size)
         tables[s, :nb] = blocks[used:used + nb]
         used += nb
-        new = int(rng.integers(1, min(max_new, n) + 1))
+        new = int(rng.integers(1, min(3, n) + 1))
         positions += range(n - new, n)
         rows += [s] * new
     return np.array(positions, np.int32), np.array(rows, np.int32), tables
@@ -119,19 +117,14 @@ def test_rope_and_kv_write_match_reference(rng):
     np.testing.assert_allclose(pool_d.copy_to_host(), pool_ref, rtol=1e-5, atol=1e-6)
 
 
-# 4, 2, 1 and 3 query heads per KV head; head dims a multiple of 8 (wide loads) and not; the
-# kernel for any step, and the one for decode steps (one token a sequence)
+# 4, 2, 1 and 3 query heads per KV head; head dims a multiple of 8 (wide loads) and not
 @pytest.mark.parametrize("heads,kv_heads,head_dim", [(4, 1, 16), (4, 2, 16), (4, 4, 16),
                                                       (6, 2, 16), (6, 2, 12)])
-@pytest.mark.parametrize("kernel", ["paged", "decode"])
-def test_paged_attention_over_a_ragged_batch(rng, heads, kv_heads, head_dim, kernel):
+def test_paged_attention_over_a_ragged_batch(rng, heads, kv_heads, head_dim):
     cfg = tiny_config(rng, heads=heads, kv_heads=kv_heads, head_dim=head_dim)
     H, K, E, B, N = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, 4, 40
     max_len = 3 * THREADS // 2 + 5  # contexts longer than one chunk of THREADS positions
-    positions, seq_rows, tables = ragged_batch(rng, 3, B, N, max_len,
-                                               max_new=3 if kernel == "paged" else 1)
-    launch = paged_attention_kernel if kernel == "paged" else decode_attention_kernel
-    assert attention_kernel_for(len(positions), len(tables)) is launch or kernel == "paged"
+    positions, seq_rows, tables = ragged_batch(rng, 3, B, N, max_len)
     T = len(positions)
     q = rng.standard_normal((T, H, E)).astype(np.float32)
     qkv = np.concatenate([q.reshape(T, -1), rng.standard_normal((T, 2 * K * E))], 1).astype(np.float32)
@@ -139,51 +132,10 @@ def test_paged_attention_over_a_ragged_batch(rng, heads, kv_heads, head_dim, ker
     layer = int(rng.integers(2))
     expected = ref.paged_attention(q, positions, seq_rows, pool, layer, tables).reshape(T, H * E)
     out = dev(np.full((T, H * E), np.nan, np.float32))
-    launch[grid_for(T * H), THREADS](dev(qkv), dev(positions), dev(seq_rows), dev(tables),
-                                     dev(pool), layer, H, K, out)
+    paged_attention_kernel[grid_for(T * H), THREADS](dev(qkv), dev(positions), dev(seq_rows),
+                                                      dev(tables), dev(pool), layer, H, K, out)
     assert rel_err(out.copy_to_host(), expected) < 1e-5
     assert int(tables.max()) >= 8, "the batch should span many KV blocks"
-
-
-@pytest.mark.parametrize("heads,kv_heads,head_dim", [(4, 1, 16), (6, 2, 16), (3, 3, 8),
-                                                      (4, 2, 12)])
-def test_paged_attention_of_prompt_chunks_in_query_tiles(rng, heads, kv_heads, head_dim):
-    """Prompt chunks (many new tokens of one sequence) beside decode tokens: aligned tiles of
-    QUERY_TILE tokens of one sequence take the shared-key path (several key chunks long), the
-    rest walk alone; every output must match the reference."""
-    cfg = tiny_config(rng, heads=heads, kv_heads=kv_heads, head_dim=head_dim)
-    H, K, E, B, N = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, 4, 60
-    for _ in range(20):  # a random batch with at least two prompt tiles
-        positions, seq_rows, tables = ragged_batch(rng, 3, B, N, 2 * key_chunk_of(E) + 9,
-                                                   max_new=3 * QUERY_TILE + 3)
-        T = len(positions)
-        tiles = sum(tile_kind(positions, seq_rows, t, min(QUERY_TILE, 64 * QUERY_TILE // E)) == 1
-                    for t in range(T))
-        if tiles >= 2:
-            break
-    assert tiles >= 2, "the batch should hold prompt tiles"
-    q = rng.standard_normal((T, H, E)).astype(np.float32)
-    qkv = np.concatenate([q.reshape(T, -1), rng.standard_normal((T, 2 * K * E))], 1).astype(np.float32)
-    pool = rng.standard_normal((N, 2, 2, B, K, E)).astype(np.float32)
-    expected = ref.paged_attention(q, positions, seq_rows, pool, 1, tables).reshape(T, H * E)
-    out = dev(np.full((T, H * E), np.nan, np.float32))
-    paged_attention_kernel[grid_for(T * H), THREADS](dev(qkv), dev(positions), dev(seq_rows),
-                                                      dev(tables), dev(pool), 1, H, K, out)
-    assert rel_err(out.copy_to_host(), expected) < 1e-5
-
-
-def key_chunk_of(E):
-    return min(KV_BUFFER // (E + 1), 64)
-
-
-def tile_kind(positions, seq_rows, t, QT):
-    """``attention.tile_of`` in NumPy: 1 for a tile leader, 2 for a served token, 0 alone."""
-    t0 = t - t % QT
-    last = t0 + QT - 1
-    if last < len(positions) and seq_rows[t0] == seq_rows[last] \
-            and positions[last] - positions[t0] == QT - 1:
-        return 1 if t == t0 else 2
-    return 0
 
 
 @cuda.jit

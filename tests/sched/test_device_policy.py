@@ -69,7 +69,10 @@ def assert_same_decision(device, host):
     assert (device.vlt is None) == (host.vlt is None)
     if host.vlt is not None:  # NaN equals NaN here
         assert list(device.vlt) == list(host.vlt)
-        np.testing.assert_array_equal(list(device.vlt.values()), list(host.vlt.values()))
+        # a GPU contracts a * b + c into one fused multiply-add: a VLT may differ from NumPy's in
+        # its last bit (measured on the H200: 2.7e-16 relative); the decisions above may not
+        np.testing.assert_allclose(list(device.vlt.values()), list(host.vlt.values()),
+                                   rtol=1e-12, atol=0)
 
 
 def has_vlt_tie(decision):
