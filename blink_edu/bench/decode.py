@@ -380,11 +380,15 @@ def bench_model(label: str, weights: ModelWeights, hf_folder: Path | None, args,
         settings = PeerSettings(args.prompt_len, args.steps, args.prefill_tokens,
                                 args.peer_compile_mode, args.peer_timeout)
         rows += peer_rows(hf_folder or weights, batches, settings, kinds=args.peers.split(","))
-    if hf_folder is not None and not args.skip_hf:
-        rows += time_hf(hf_folder, batches, args.prompt_len, args.steps, cfg.vocab_size, rng,
-                        compile_batches=[1], compile_timeout_s=args.hf_compile_timeout)
     return {"label": label, "params": cfg.num_parameters(), "weight_bytes_fp16": weight_bytes(cfg),
-            "rows": rows}
+            "vocab_size": cfg.vocab_size, "rows": rows}
+
+
+def hf_rows(hf_folder: Path, vocab: int, args, rng) -> list[dict]:
+    """The ``transformers`` baselines on the same weights (eager, and static cache + compile)."""
+    batches = [int(b) for b in args.batches.split(",")]
+    return time_hf(hf_folder, batches, args.prompt_len, args.steps, vocab, rng,
+                   compile_batches=[1], compile_timeout_s=args.hf_compile_timeout)
 
 
 def tpot_of(result: dict, executor: str, batch: int) -> float | None:
@@ -420,11 +424,14 @@ def main(argv=None) -> int:
     rng = np.random.default_rng(0)
     bandwidth = hbm_copy_bandwidth()
     print(f"HBM copy bandwidth: {bandwidth / 1e12:.2f} TB/s", flush=True)
-    results = {}
+    results, hf_folders = {}, {}
     with tempfile.TemporaryDirectory() as tmp:
+        # Slowest and least telling last: a run cut by a time limit keeps what it measured
+        # (the file is rewritten after every stage, "complete": false until the end).
         if "bundled" in args.models:
-            folder = resolve_model_dir()
+            folder = hf_folders["bundled"] = resolve_model_dir()
             results["bundled"] = bench_model("bundled", load_weights(folder), folder, args, rng)
+            write_decode_results(results, args, bandwidth, complete=False)
         if "135m" in args.models:
             cfg = ModelConfig.from_dict(SMOLLM2_135M)
             weights = random_weights(cfg, seed=0, scale=0.02)
@@ -432,22 +439,38 @@ def main(argv=None) -> int:
             for lw in weights.layers:
                 lw.attn_norm[:] = 1.0
                 lw.mlp_norm[:] = 1.0
-            folder = save_as_hf_folder(weights, SMOLLM2_135M, Path(tmp) / "smollm2-135m-random")
+            folder = hf_folders["135m"] = save_as_hf_folder(weights, SMOLLM2_135M,
+                                                            Path(tmp) / "smollm2-135m-random")
             results["135m"] = bench_model("smollm2-135m-shape", weights, folder, args, rng)
+            write_decode_results(results, args, bandwidth, complete=False)
+        if not args.skip_hf:
+            for key, folder in hf_folders.items():
+                results[key]["rows"] += hf_rows(folder, results[key]["vocab_size"], args, rng)
+                write_decode_results(results, args, bandwidth, complete=False)
+    path, summary = write_decode_results(results, args, bandwidth, complete=True)
+    print("\nsummary:", json.dumps(summary, indent=1))
+    print(f"wrote {path}")
+    return 0
+
+
+def write_decode_results(results: dict, args, bandwidth: float, complete: bool):
+    """Summarise what ``results`` holds so far and write ``decode.json``; returns (path, summary)."""
     for r in results.values():
         r["roofline_us"] = r["weight_bytes_fp16"] / bandwidth * 1e6
-    table = []
-    for key, r in results.items():
-        for row in r["rows"]:
-            if "tpot_us" in row:
-                table.append({"model": key, **{k: row.get(k) for k in ("executor", "batch", "tpot_us", "tokens_per_s", "host_launch_us", "gpu_us")},
-                              "roofline_frac": r["roofline_us"] / row["tpot_us"] if row["batch"] == 1 else None})
-    print()
-    print_table(table, ["model", "executor", "batch", "tpot_us", "tokens_per_s", "host_launch_us", "gpu_us", "roofline_frac"])
+    if complete:
+        table = []
+        for key, r in results.items():
+            for row in r["rows"]:
+                if "tpot_us" in row:
+                    table.append({"model": key, **{k: row.get(k) for k in ("executor", "batch", "tpot_us", "tokens_per_s", "host_launch_us", "gpu_us")},
+                                  "roofline_frac": r["roofline_us"] / row["tpot_us"] if row["batch"] == 1 else None})
+        print()
+        print_table(table, ["model", "executor", "batch", "tpot_us", "tokens_per_s", "host_launch_us", "gpu_us", "roofline_frac"])
     small = results.get("bundled") or results.get("135m")
     big = results.get("135m")
     best_hf = lambda r: min(filter(None, [tpot_of(r, "hf_eager", 1), tpot_of(r, "hf_static_compile", 1)]), default=None)  # noqa: E731
     summary = {
+        "complete": complete,
         "graph_over_eager_b1": ratio(tpot_of(small, "eager", 1), tpot_of(small, "graph", 1)),
         "graph_over_hf_eager_b1": ratio(tpot_of(small, "hf_eager", 1), tpot_of(small, "graph", 1)),
         "graph_over_hf_eager_b1_135m": ratio(tpot_of(big, "hf_eager", 1), tpot_of(big, "graph", 1)) if big else None,
@@ -469,9 +492,7 @@ def main(argv=None) -> int:
                         else "not run: --peers was empty")
     path = write_results("decode", {**vars(args), "tensor_cores": TENSOR_CORES}, results, summary,
                          args.out)
-    print("\nsummary:", json.dumps(summary, indent=1))
-    print(f"wrote {path}")
-    return 0
+    return path, summary
 
 
 if __name__ == "__main__":
