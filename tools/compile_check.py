@@ -53,6 +53,7 @@ F32, F64, I32, F16 = types.float32, types.float64, types.int32, types.float16
 def kernels():
     """(name, python function, signature) of every op kernel, as the executors launch them."""
     from blink_edu.kernels import attention, elementwise, linear, matmul_tc, rope, sampling
+    from blink_edu.kv import device_blocks
     from blink_edu.sched import device_policy
     lin = lambda w: (arr(F32, 2), arr(I32, 1), arr(F32, 1), F32, arr(w, 2), arr(F32, 1),  # noqa: E731
                      arr(F32, 2), types.int64)
@@ -81,6 +82,10 @@ def kernels():
         ("sample_rows", sampling.sample_rows_kernel.py_func,
          (arr(F32, 2), arr(F32, 1), arr(F32, 1), arr(I32, 1), arr(types.uint32, 1),
           arr(I32, 1), arr(I32, 1))),
+        ("books (kv)", device_blocks.books_kernel.py_func,
+         (types.int64,) * 3 + (arr(I32, 1), arr(I32, 2), arr(I32, 1)) + (arr(I32, 2),) * 3
+         + (arr(I32, 1), types.int64) + (arr(I32, 1),) * 3),
+        ("claim (kv)", device_blocks.claim_kernel.py_func, (arr(I32, 1), arr(I32, 1))),
         ("decide (sched)", device_policy.decide_kernel.py_func,
          (types.int64, arr(I32, 1)) + (arr(F64, 1),) * 3 + (arr(I32, 1),) * 3
          + (F64, types.int64, types.int64) + (F64,) * 5 + (types.int64, arr(F64, 1))
