@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
-# Everything the GPU machine is for, in two device calls (its time is scarce: 30 min a session,
-# 10 min a call), each bounded: "kernels" runs the GPU-relevant tests and the persistent, KV
-# transfer and decode benchmarks; "serving" the server's load test and the real-engine SLO run.
+# Everything the GPU machine is for, in three device calls (its time is scarce: 30 min a session,
+# 10 min a call), each bounded: "kernels" runs the GPU-relevant tests and the persistent and KV
+# transfer benchmarks; "decode" the decode benchmark beside its peers; "serving" the server's
+# load test and the real-engine SLO run.
 # Logs and results land in $OUT (results via BLINK_EDU_RESULTS_DIR). On the device machine:
 #   BLINK_EDU_COMMIT=<sha> bash tools/gpu_session.sh kernels
+#   BLINK_EDU_COMMIT=<sha> bash tools/gpu_session.sh decode
 #   BLINK_EDU_COMMIT=<sha> bash tools/gpu_session.sh serving
 #   bash tools/gpu_session.sh profile    # Nsight Compute on one layer of a decode step
 # The server's packages (fastapi, starlette, uvicorn, pydantic and their needs) are not on the GPU
@@ -27,8 +29,11 @@ timeout 150 bash tools/run_gpu_tests.sh tests/kernels tests/executors tests/engi
   2>&1 | grep -v Warn | tee "$OUT/gpu_tests.log" | tail -8
 timeout 240 python3 -m blink_edu.bench.persistent --hog-seconds 20 2>&1 | tee "$OUT/persistent.log" | tail -16
 timeout 80 python3 -m blink_edu.bench.kv_transfer --budget-s 55 2>&1 | tee "$OUT/kv_transfer.log" | tail -16
-timeout 200 python3 -m blink_edu.bench.decode --out "$OUT" --hf-compile-timeout 30 2>&1 \
-  | grep -v "Warn\|warn\|cudagraph" | tee "$OUT/decode.log" | tail -30
+;;
+decode)  # a call of its own: both models, three batches, the peers' compiles: ~9.5 minutes on an
+         # H200 (decode.json is rewritten after every stage, so a cut run keeps what it measured)
+timeout 570 python3 -m blink_edu.bench.decode --out "$OUT" --hf-compile-timeout 30 --peer-timeout 200 \
+  2>&1 | grep -v "Warn\|warn\|cudagraph" | tee "$OUT/decode.log" | tail -30
 ;;
 serving)
 timeout 150 python3 -m blink_edu.bench.serve --start-server --single-stream \
@@ -44,5 +49,5 @@ timeout 200 ncu --clock-control none --launch-skip 427 --launch-count 7 \
   python3 tools/profile_decode_step.py --steps 1 > "$OUT/ncu_layer.txt" 2>&1
 grep -E "Context 1|Duration|Registers Per|Achieved Occ|Warp Cycles Per Issued|DRAM Throughput|stalled|Grid Size" "$OUT/ncu_layer.txt" | head -80
 ;;
-*) echo "usage: $0 kernels|serving|profile" >&2; exit 2 ;;
+*) echo "usage: $0 kernels|decode|serving|profile" >&2; exit 2 ;;
 esac
