@@ -20,6 +20,7 @@ from hypothesis import strategies as st
 from blink_edu.sched import (POLICIES, ROTARY, RUNNING, WAITING, RequestView, RotaSchedConfig,
                              StepView, check_decision, make_policy)
 from blink_edu.sched.device_policy import decide_on_device, hold_on_device
+from policy_views import request_view
 
 NAN = float("nan")
 
@@ -123,26 +124,18 @@ def test_the_device_holds_as_the_host_policy():
 # --- the subtle rules, by hand -------------------------------------------------------------------
 
 
-def _req(rid, state, now=10.0, **kw):
-    base = dict(arrival_time=now - 1.0, blocks_to_run=2)
-    if state == RUNNING:
-        base.update(run_start_time=now - 1.0, blocks_held=4, blocks_to_run=0)
-    base.update(kw)
-    return RequestView(request_id=rid, state=state, **base)
-
-
 @pytest.mark.parametrize("name", ["waiting-first", "swapped-first"])
 def test_the_first_swap_in_of_a_step_may_exceed_the_transfer_budget(name):
     view = StepView(now=10.0, free_blocks=30, requests=[
-        _req(1, ROTARY, blocks_to_run=10, blocks_on_host=10),
-        _req(2, ROTARY, blocks_to_run=10, blocks_on_host=10)])
+        request_view(1, ROTARY, blocks_to_run=10, blocks_on_host=10),
+        request_view(2, ROTARY, blocks_to_run=10, blocks_on_host=10)])
     config = RotaSchedConfig(transfer_budget_blocks=8)
     assert decide_on_device(name, view, config).admit == [1]  # one, over budget; not two
 
 
 def test_after_a_waiting_request_a_rotary_one_must_fit_the_transfer_budget():
     view = StepView(now=10.0, free_blocks=30, requests=[
-        _req(1, ROTARY, blocks_to_run=10, blocks_on_host=10), _req(2, WAITING, blocks_to_run=1)])
+        request_view(1, ROTARY, blocks_to_run=10, blocks_on_host=10), request_view(2, WAITING, blocks_to_run=1)])
     config = RotaSchedConfig(transfer_budget_blocks=8)
     assert decide_on_device("waiting-first", view, config).admit == [2]  # 1 is no longer first
     assert decide_on_device("swapped-first", view, config).admit == [1, 2]
@@ -150,8 +143,8 @@ def test_after_a_waiting_request_a_rotary_one_must_fit_the_transfer_budget():
 
 def test_fcfs_preempts_the_newest_and_admits_nobody_that_step():
     view = StepView(now=10.0, free_blocks=0, requests=[
-        _req(1, RUNNING, blocks_to_run=1), _req(2, RUNNING, blocks_to_run=1),
-        _req(3, WAITING, blocks_to_run=1)])
+        request_view(1, RUNNING, blocks_to_run=1), request_view(2, RUNNING, blocks_to_run=1),
+        request_view(3, WAITING, blocks_to_run=1)])
     decision = decide_on_device("fcfs", view)
     assert decision.preempt_recompute == [2] and decision.admit == []
 
@@ -161,10 +154,10 @@ def test_lvf_trims_the_admitted_to_the_seats():
     # one block each; all three are admitted from the head, then trimmed to the one seat.
     now = 10.0
     view = StepView(now=now, free_blocks=0, max_num_seqs=1, requests=[
-        _req(1, RUNNING, run_start_time=9.0),
-        _req(2, WAITING, arrival_time=2.0, blocks_to_run=1),  # VLT 5.5
-        _req(3, WAITING, arrival_time=1.0, blocks_to_run=1),  # VLT 6.5: the head
-        _req(4, WAITING, arrival_time=3.0, blocks_to_run=1)])  # VLT 4.5
+        request_view(1, RUNNING, run_start_time=9.0),
+        request_view(2, WAITING, arrival_time=2.0, blocks_to_run=1),  # VLT 5.5
+        request_view(3, WAITING, arrival_time=1.0, blocks_to_run=1),  # VLT 6.5: the head
+        request_view(4, WAITING, arrival_time=3.0, blocks_to_run=1)])  # VLT 4.5
     decision = decide_on_device("lvf", view)
     assert decision.admit == [3] and decision.preempt_rotary == [1]
     assert_same_decision(decision, make_policy("lvf").decide(view))
@@ -173,7 +166,7 @@ def test_lvf_trims_the_admitted_to_the_seats():
 def test_lvf_breaks_vlt_ties_in_fcfs_order():
     # Both waiting requests are within their grace (VLT 0); two blocks admit only one of them.
     view = StepView(now=10.0, free_blocks=2, requests=[
-        _req(1, WAITING, arrival_time=9.5), _req(2, WAITING, arrival_time=9.0)])
+        request_view(1, WAITING, arrival_time=9.5), request_view(2, WAITING, arrival_time=9.0)])
     decision = decide_on_device("lvf", view)
     assert decision.vlt == {1: 0.0, 2: 0.0} and not decision.fcfs_fallback
     assert decision.admit == [1]
@@ -181,7 +174,7 @@ def test_lvf_breaks_vlt_ties_in_fcfs_order():
 
 def test_lvf_falls_back_to_fcfs_when_everyone_fits():
     view = StepView(now=10.0, free_blocks=10, requests=[
-        _req(1, WAITING), _req(2, RUNNING), _req(3, ROTARY, blocks_on_host=2)])
+        request_view(1, WAITING), request_view(2, RUNNING), request_view(3, ROTARY, blocks_on_host=2)])
     decision = decide_on_device("lvf", view)
     assert decision.fcfs_fallback and decision.admit == [1, 3] and decision.vlt is None
 

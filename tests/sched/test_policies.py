@@ -10,6 +10,7 @@ from hypothesis import strategies as st
 from blink_edu.sched import (FCFS, LVF, POLICIES, ROTARY, RUNNING, WAITING, PolicyError,
                              RequestView, RotaSchedConfig, StepView, check_decision, make_policy)
 from blink_edu.sched.policies import SwappedFirst, WaitingFirst, view_vlt
+from policy_views import request_view
 
 
 @st.composite
@@ -96,20 +97,12 @@ def test_lvf_admits_from_the_head_and_preempts_from_the_tail(view, config):
                for i in preempted)
 
 
-def _req(rid, state, now=10.0, **kw):
-    base = dict(arrival_time=now - 1.0, blocks_to_run=2)
-    if state == RUNNING:
-        base.update(run_start_time=now - 1.0, blocks_held=4, blocks_to_run=0)
-    base.update(kw)
-    return RequestView(request_id=rid, state=state, **base)
-
-
 def test_lvf_rotates_the_longest_running_out_for_a_lagging_request():
     now = 10.0
     view = StepView(now=now, free_blocks=0, requests=[
-        _req(1, RUNNING, run_start_time=1.0),  # running for 9 s: VLT -9 (most advanced)
-        _req(2, RUNNING, run_start_time=8.0),  # VLT -2
-        _req(3, WAITING, arrival_time=4.0, blocks_to_run=3),  # waited 6 s: VLT 3.5
+        request_view(1, RUNNING, run_start_time=1.0),  # running for 9 s: VLT -9 (most advanced)
+        request_view(2, RUNNING, run_start_time=8.0),  # VLT -2
+        request_view(3, WAITING, arrival_time=4.0, blocks_to_run=3),  # waited 6 s: VLT 3.5
     ])
     decision = LVF(RotaSchedConfig()).decide(view)
     assert decision.admit == [3]
@@ -119,8 +112,8 @@ def test_lvf_rotates_the_longest_running_out_for_a_lagging_request():
 
 def test_fcfs_preempts_the_newest_by_recompute_and_admits_nobody_that_step():
     view = StepView(now=10.0, free_blocks=0, requests=[
-        _req(1, RUNNING, blocks_to_run=1), _req(2, RUNNING, blocks_to_run=1),
-        _req(3, WAITING, blocks_to_run=1)])
+        request_view(1, RUNNING, blocks_to_run=1), request_view(2, RUNNING, blocks_to_run=1),
+        request_view(3, WAITING, blocks_to_run=1)])
     decision = FCFS(RotaSchedConfig()).decide(view)
     assert decision.preempt_recompute == [2] and decision.admit == []
 
@@ -128,12 +121,12 @@ def test_fcfs_preempts_the_newest_by_recompute_and_admits_nobody_that_step():
 @pytest.mark.parametrize("name, first", [("waiting-first", 1), ("swapped-first", 2)])
 def test_static_offload_priorities(name, first):
     view = StepView(now=10.0, free_blocks=2, requests=[
-        _req(1, WAITING, blocks_to_run=2), _req(2, ROTARY, blocks_to_run=2, blocks_on_host=2)])
+        request_view(1, WAITING, blocks_to_run=2), request_view(2, ROTARY, blocks_to_run=2, blocks_on_host=2)])
     assert make_policy(name).decide(view).admit == [first]
 
 
 def test_check_decision_catches_over_commitment():
-    view = StepView(now=10.0, free_blocks=1, requests=[_req(1, WAITING, blocks_to_run=2)])
+    view = StepView(now=10.0, free_blocks=1, requests=[request_view(1, WAITING, blocks_to_run=2)])
     from blink_edu.sched import Decision
     with pytest.raises(PolicyError):
         check_decision(view, Decision(admit=[1]))
@@ -152,8 +145,8 @@ def test_a_rotary_request_larger_than_the_transfer_budget_still_comes_back_alone
     rotary request with more KV than the budget never returns (found on the H200: the static
     policies stalled with B_xfer = 8 blocks and 10-block requests)."""
     view = StepView(now=10.0, free_blocks=30, requests=[
-        _req(1, ROTARY, blocks_to_run=10, blocks_on_host=10),
-        _req(2, ROTARY, blocks_to_run=10, blocks_on_host=10)])
+        request_view(1, ROTARY, blocks_to_run=10, blocks_on_host=10),
+        request_view(2, ROTARY, blocks_to_run=10, blocks_on_host=10)])
     decision = policy(RotaSchedConfig(transfer_budget_blocks=8)).decide(view)
     assert decision.admit == [1]  # one, over budget; not the second
     check_decision(view, decision)
