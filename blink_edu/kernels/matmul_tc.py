@@ -458,9 +458,8 @@ def tc_prologue(x, x_rows, norm_w, eps, bias, out, accumulate, row_scale, block,
             if tid == 0:
                 row_scale[r] = float32(1) / math.sqrt(total / I + eps)
         if bias.shape[0] > 0 or not accumulate:
-            for o in range(tid, O, OP_THREADS):
-                start = out[r, o] if accumulate else float32(0)
-                out[r, o] = plus_bias(start, bias, o)
+            for o in range(tid, O, OP_THREADS):  # the other paths' epilogue, of a zero product
+                store_output(out, r, o, float32(0), bias, accumulate)
 
 
 @cuda.jit
