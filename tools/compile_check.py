@@ -52,7 +52,8 @@ F32, F64, I32, F16 = types.float32, types.float64, types.int32, types.float16
 
 def kernels():
     """(name, python function, signature) of every op kernel, as the executors launch them."""
-    from blink_edu.kernels import attention, elementwise, linear, matmul_tc, rope, sampling
+    from blink_edu.kernels import (attention, elementwise, linear, matmul_tc, matmul_tc_decode,
+                                   rope, sampling)
     from blink_edu.kv import device_blocks
     from blink_edu.sched import device_policy
     lin = lambda w: (arr(F32, 2), arr(I32, 1), arr(F32, 1), F32, arr(w, 2), arr(F32, 1),  # noqa: E731
@@ -67,6 +68,11 @@ def kernels():
         ("tc_matmul", matmul_tc.tc_matmul_kernel.py_func,
          (arr(F32, 2), arr(I32, 1), arr(F32, 1), arr(F16, 2), arr(F32, 1), arr(F32, 2),
           types.int64)),
+        ("tc_decode_linear", matmul_tc_decode.tc_decode_linear_kernel.py_func, lin(F16)),
+        ("tc_decode_swiglu", matmul_tc_decode.tc_decode_swiglu_kernel.py_func, lin(F16)[:-1]),
+        ("tc_decode_qkv_rope", matmul_tc_decode.tc_decode_qkv_rope_kernel.py_func,
+         lin(F16)[:-1] + (arr(I32, 1), arr(I32, 1), arr(I32, 2), arr(F32, 2), arr(F32, 2),
+                          arr(F32, 6), types.int64, types.int64, types.int64)),
         ("linear_fp32", linear.linear_kernel.py_func, lin(F32)),
         ("gemv_swiglu_fp16", linear.gemv_swiglu_kernel.py_func, lin(F16)[:-1]),
         ("gemv_qkv_rope_fp16", linear.gemv_qkv_rope_kernel.py_func,
@@ -167,11 +173,14 @@ def ptxas(path: Path) -> subprocess.CompletedProcess:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", default="/tmp/blink_edu_ptx", help="folder for the .ptx files")
+    parser.add_argument("--only", default="", help="only the kernels whose name contains this")
     args = parser.parse_args()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     failed = 0
     for name, func, sig in kernels() + persistent_kernels():
+        if args.only not in name:
+            continue
         try:
             ptx, _ = cuda.compile_ptx(func, sig, cc=(9, 0))
         except Exception as err:  # noqa: BLE001 - reported, then the next kernel

@@ -29,7 +29,8 @@ os.environ.setdefault("BLINK_EDU_BACKEND", "gpu")
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from blink_edu.backend import get_backend  # noqa: E402
-from blink_edu.kernels.linear import linear_work_items, tiled_matmul  # noqa: E402
+from blink_edu.kernels.linear import gemv_kernel, gemv_work_items, linear_work_items, tiled_matmul  # noqa: E402
+from blink_edu.kernels.matmul_tc_decode import tc_decode_items, tc_decode_linear_kernel  # noqa: E402
 from blink_edu.kernels import matmul_tc  # noqa: E402
 from blink_edu.kernels.matmul_tc import (  # noqa: E402
     QUAD, launch_tc_linear, require_tc_operands, tc_steps_per_split, tile_geometry)
@@ -115,6 +116,8 @@ def time_cublas(R: int, O: int, I: int, repeats: int) -> float:
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rows", type=int, nargs="+", default=[64, 512])
+    parser.add_argument("--gemv-max", type=int, default=16,
+                        help="also time the GEMV up to this many rows")
     parser.add_argument("--steps", type=int, nargs="*", default=[1, 2, 3, 0],
                         help="k steps a work item to time beside the executors' choice (0: all)")
     parser.add_argument("--replays", type=int, default=50, help="launches captured in one graph")
@@ -138,7 +141,7 @@ def main(argv=None) -> int:
     variants = " ".join(f"{f'k/{s}' if s else 'k all':>7}" for s in args.steps)
     print(f"{'shape':>8} {'R':>4} {'O x I':>12} {'err':>8} | {'steps':>5} {'tc µs':>7} "
           f"{'TFLOP/s':>7} {'W GB/s':>7} | {variants} | {'fma µs':>7} {'cuBLAS µs':>9} "
-          f"{'tc/cuBLAS':>9}")
+          f"{'tc/cuBLAS':>9} | {'dec err':>8} {'dec µs':>7} {'gemv µs':>7}")
     for R in args.rows:
         for name, (O, I, norm, residual) in SHAPES.items():
             kernel_args, start, reference = operands(rng, R, O, I, norm, residual)
@@ -150,6 +153,15 @@ def main(argv=None) -> int:
                 print(f"{name} at R={R}: relative error {err:.2e} >= {TOLERANCE}: not timed")
                 return 1
             steps = tc_steps_per_split(R, O, I, num_sms)
+            # the decode-batch kernel (matmul_tc_decode), from the same starting out
+            out.copy_to_device(start)
+            dec_grid = grid_for(tc_decode_items("linear", O))
+            tc_decode_linear_kernel[dec_grid, THREADS](*kernel_args[:8])
+            got = out.copy_to_host() - (start if residual else 0)
+            dec_err = np.linalg.norm(got - reference) / np.linalg.norm(reference)
+            if not dec_err < TOLERANCE:
+                print(f"{name} at R={R}: tc_decode relative error {dec_err:.2e} >= {TOLERANCE}")
+                return 1
             if args.once:
                 print(f"{name:>8} {R:>4} {f'{O}x{I}':>12} {err:8.1e} | {steps:>5}", flush=True)
                 continue
@@ -167,17 +179,26 @@ def main(argv=None) -> int:
             fma_us = time_in_graph(lambda s: fma_tile_kernel[fma_grid, THREADS, s](*kernel_args[:8]),
                                    args.replays, args.runs)
             blas_us = time_cublas(R, O, I, args.replays)
+            dec_us = time_in_graph(lambda s: tc_decode_linear_kernel[dec_grid, THREADS, s](
+                *kernel_args[:8]), args.replays, args.runs)
+            gemv_us = float("nan")
+            if R <= args.gemv_max:
+                gemv_grid = grid_for(gemv_work_items(O))
+                gemv_us = time_in_graph(lambda s: gemv_kernel[gemv_grid, THREADS, s](
+                    *kernel_args[:8]), args.replays, args.runs)
             tflops = 2 * R * O * I / (tc_us * 1e-6) / 1e12
             weight_gbs = 2 * O * I / (tc_us * 1e-6) / 1e9
             cells = " ".join(f"{by_steps[v]:7.1f}" for v in args.steps)
             print(f"{name:>8} {R:>4} {f'{O}x{I}':>12} {err:8.1e} | {steps:>5} {tc_us:7.1f} "
                   f"{tflops:7.1f} {weight_gbs:7.0f} | {cells} | {fma_us:7.1f} {blas_us:9.1f} "
-                  f"{tc_us / blas_us:9.2f}", flush=True)
+                  f"{tc_us / blas_us:9.2f} | {dec_err:8.1e} {dec_us:7.1f} {gemv_us:7.1f}",
+                  flush=True)
             rows.append({"shape": f"{name} R={R}", "O": O, "I": I, "R": R, "error": float(err),
                          "steps_per_split": steps, "us": tc_us, "tflops": tflops,
                          "us_by_steps_per_split": {str(v or k_steps): t for v, t in by_steps.items()},
                          "fma_us": fma_us, "fma_tflops": 2 * R * O * I / (fma_us * 1e-6) / 1e12,
-                         "cublas_us": blas_us})
+                         "cublas_us": blas_us, "tc_decode_us": dec_us,
+                         "tc_decode_error": float(dec_err), "gemv_us": gemv_us})
     if args.json:
         import json
 

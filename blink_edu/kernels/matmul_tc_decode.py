@@ -1,0 +1,341 @@
+"""Tensor cores for decode batches: weights streamed from memory straight into ``mma`` fragments.
+
+The linear layers of a decode step of 8 to 128 sequences, ``out (+)= rms_norm?(x[x_rows]) @ W.T
++ b`` with the RoPE or SwiGLU that follows it in the epilogue. ``matmul_tc.py`` explains the
+instruction (``mma.sync.m16n8k16``) and its fragment layout; this kernel feeds it differently.
+
+**Why another tile.** A decode batch is *skinny*: 64 tokens against a 576 x 960 weight matrix.
+Each weight is used 64 times and then never again this step, so the step is a stream of weights
+from HBM with a little math on each — a GEMV with a few more rows, not a matmul. The shared-memory
+tile of ``matmul_tc.py`` spends its time staging, waiting at barriers and adding partial tiles
+with atomics. Here nothing is staged: every lane loads its B fragment *from global memory* into
+registers, 16 bytes at a time, and hands it to the tensor core.
+
+**The k permutation.** A B fragment wants lane ``(g, t)`` to hold ``W[n, 2t : 2t + 2]`` and
+``W[n, 2t + 8 : 2t + 10]`` — two 4-byte pieces, eight lanes' worth of a 32-byte sector. But an
+``mma`` sums over k, and a sum does not care about order: any relabelling of the 16 k of a step
+gives the same result, *provided A and B use the same one*. So lane ``(g, t)`` loads the eight
+consecutive weights ``W[n, k0 + 8t : k0 + 8t + 8]`` — one 16-byte load, the quad of lanes of a
+group covering 64 contiguous bytes — and feeds them to two ``mma`` k-steps::
+
+    words p0 p1 p2 p3 of W[n, k0 + 8t : + 8]        step 0: b0 = p0, b1 = p1  (k0 + 8t + 0..3)
+                                                    step 1: b0 = p2, b1 = p3  (k0 + 8t + 4..7)
+
+and the activations of rows ``g`` and ``g + 8`` at the same eight k the same way (a0/a2 from row
+``g``'s p0/p1, a1/a3 from row ``g + 8``'s). A *chunk* of 32 k is two ``mma`` steps.
+
+**The work.** A work item is a *pair of 8-column groups* of ``out`` (``NJ = 2`` n-tiles), for all
+rows, 64 (``MT = 4`` m-tiles) at a time. The four warps of the block split the item's k chunks
+(warp w takes chunks w, w + 4, ...), so a 576-wide row is walked in ~5 chunks a warp, each
+chunk's weights loaded while the previous chunk computes. At the end the warps add up their
+accumulators in shared memory, one m-tile at a time (``RED_SHAPE``, 5 KB) — no atomics, the
+sums in a fixed order — and each thread of the block finishes one output *of both column groups
+at once*.
+
+**Paired columns, fused epilogues.** Which columns the two groups are is the caller's choice,
+and it is what makes the epilogue free:
+
+* plain linear: columns ``o0 .. o0 + 8`` and ``o0 + 8 .. o0 + 16``; bias, residual add;
+* gate/up + SwiGLU: ``j0 ..`` of the gate and ``F + j0 ..`` of the up projection, so a thread
+  holds ``g`` and ``u`` of the same ``j`` and writes ``silu(g) * u`` (``act``), never ``gate_up``;
+* qkv + RoPE + KV write: ``i0 ..`` and ``E/2 + i0 ..`` of one head, a rotation pair, so a thread
+  rotates and places it (``rope.place_pair``) as the batch-1 GEMV does.
+
+The RMSNorm rides along as in the other linear kernels: the activations are multiplied by the
+norm weight before they are rounded to fp16, the lanes add up the squares of the activations they
+load anyway, and the sums (``red``'s last two entries a row group) scale each row.
+
+**Two forms.** In Numba's simulator the ``mma`` and ``pack_half2`` of ``matmul_tc`` take their
+Python forms and a block is one warp; the loops and indexing are this same code. Weights may be
+float16 or float32 (rounded to fp16 as they are loaded — which the executors never ask for: they
+take this path for float16 weights only, ``linear.linear_path``).
+"""
+
+from __future__ import annotations
+
+import math
+
+from numba import float32, int32, uint32
+
+from . import loads
+from .elementwise import silu_times
+from .loads import VEC, load8_at
+from .matmul_tc import mma_m16n8k16, pack_half2, plus_bias, store_output
+from .reduce import THREADS, WARP, cuda
+from .rope import place_pair
+
+MT = 4  # m16 tiles a row group: 64 tokens a pass
+NJ = 2  # n8 tiles a work item: the two column groups of a pair
+GROUP = 8  # columns in a column group (an mma's n)
+CHUNK = 4 * VEC  # k a chunk: the quad of lanes loads 4 x 8 consecutive k (two mma k16 steps)
+WARPS = THREADS // WARP  # 4 on a GPU, 1 in the simulator
+ROWS = 16 * MT  # tokens a row group
+PER_TILE = 4 * NJ + 2  # shared entries an m-tile: c0..c3 of both groups, squares of g, g + 8
+RED_SHAPE = (WARPS, PER_TILE, WARP)  # every warp's partial sums of one m-tile, lane by lane (5 KB)
+ACC_SHAPE = (MT, NJ, 4)  # a lane's accumulators: c0..c3 of every (m-tile, column group)
+A_SHAPE = (MT, 2, 4)  # a lane's A words this chunk: (m-tile, row g | g + 8, p0..p3)
+B_SHAPE = (NJ, 4)  # a lane's B words: (column group, p0..p3)
+SQ_SHAPE = (MT, 2)  # a lane's sums of squares of rows g and g + 8 of each m-tile
+
+
+def column_groups(count: int, groups: int) -> int:
+    """Work items over ``count`` columns (or rotation pairs, or gate/up pairs) taken ``groups``
+    column groups of 8 at a time."""
+    return -(-count // (groups * GROUP))
+
+
+items_over = cuda.jit(device=True, inline=True)(column_groups)  # the same, in a kernel
+
+
+@cuda.jit(device=True, inline=True)
+def load8_or_zeros(a, row, col, wide, vals):
+    """vals[0:8] = a[row, col:col + 8] as float32, zeros past a's last column or for ``row`` < 0.
+    ``wide``: one or two 16-byte loads (``loads.load8_at``); the caller guarantees that the eight
+    are then all inside or all outside."""
+    n = a.shape[1]
+    if row >= 0 and col < n:
+        if wide:
+            v0, v1, v2, v3, v4, v5, v6, v7 = load8_at(a, (row, col))
+            vals[0], vals[1], vals[2], vals[3] = v0, v1, v2, v3
+            vals[4], vals[5], vals[6], vals[7] = v4, v5, v6, v7
+        else:
+            for u in range(VEC):
+                vals[u] = float32(a[row, col + u]) if col + u < n else float32(0)
+    else:
+        for u in range(VEC):
+            vals[u] = 0
+
+
+@cuda.jit(device=True, inline=True)
+def load_b_words(w, rows, k, wide, b, vals):
+    """b (NJ, 4) = this lane's weights W[rows[j], k : k + 8] of each column group j, as four fp16
+    pairs (p0..p3 of the module docstring); zeros for a row of -1."""
+    for j in range(NJ):
+        load8_or_zeros(w, rows[j], k, wide, vals)
+        for p in range(4):
+            b[j, p] = pack_half2(vals[2 * p], vals[2 * p + 1])
+
+
+@cuda.jit(device=True, inline=True)
+def load_a_words(x, xrow, norm_w, k, wide, active, a, sq, vals, gvals):
+    """a (MT, 2, 4) = this lane's activations x[xrow[mi, h], k : k + 8] of each m-tile (rows g and
+    g + 8), times the norm weight, as fp16 pairs; their squares added to sq (MT, 2). Only the
+    ``active`` m-tiles (those with a token in them)."""
+    use_norm = norm_w.shape[0] > 0
+    for u in range(VEC):
+        gvals[u] = norm_w[k + u] if use_norm and k + u < norm_w.shape[0] else float32(1)
+    for mi in range(MT):
+        if mi < active:
+            for h in range(2):
+                load8_or_zeros(x, xrow[mi, h], k, wide, vals)
+                for u in range(VEC):
+                    sq[mi, h] += vals[u] * vals[u]
+                for p in range(4):
+                    a[mi, h, p] = pack_half2(vals[2 * p] * gvals[2 * p],
+                                             vals[2 * p + 1] * gvals[2 * p + 1])
+
+
+@cuda.jit(device=True, inline=True)
+def mma_chunk(a, b, acc, active):
+    """The two k16 steps of a chunk for every active m-tile and both column groups."""
+    for s in range(2):
+        for mi in range(MT):
+            if mi < active:
+                for j in range(NJ):
+                    d = mma_m16n8k16(a[mi, 0, 2 * s], a[mi, 1, 2 * s], a[mi, 0, 2 * s + 1],
+                                     a[mi, 1, 2 * s + 1], b[j, 2 * s], b[j, 2 * s + 1],
+                                     acc[mi, j, 0], acc[mi, j, 1], acc[mi, j, 2], acc[mi, j, 3])
+                    acc[mi, j, 0], acc[mi, j, 1], acc[mi, j, 2], acc[mi, j, 3] = d
+
+
+@cuda.jit(device=True, inline=True)
+def tiles_in(R, r0):
+    """m-tiles of the row group at r0 with at least one of the R tokens in them (<= MT)."""
+    return min(MT, (R - r0 + 15) // 16)
+
+
+@cuda.jit(device=True, inline=True)
+def row_group_sums(x, x_rows, r0, norm_w, w, row_a, count_a, row_b, count_b, acc, sq):
+    """This warp's share of the products of rows r0 .. r0 + ROWS of rms_norm?(x[x_rows]) with
+    weight rows ``row_a + n`` (n < count_a) and ``row_b + n`` (n < count_b), n < 8: its k chunks
+    (w, w + WARPS, ...) into acc (MT, NJ, 4), and the squares of the activations it loaded into
+    sq (MT, 2). ``share_tile`` then adds the warps' parts up."""
+    tid = cuda.threadIdx.x
+    warp, lane = tid // WARP, tid % WARP
+    g, t = lane // 4, lane % 4
+    R, I = x_rows.shape[0], x.shape[1]
+    wide = loads.WIDE_LOADS and I % VEC == 0
+    active = tiles_in(R, r0)
+    a = cuda.local.array(A_SHAPE, uint32)  # (MT, 2, 4)
+    b = cuda.local.array(B_SHAPE, uint32)  # (NJ, 4) this chunk's weights
+    b_next = cuda.local.array(B_SHAPE, uint32)  # (NJ, 4) and the next chunk's, already loading
+    xrow = cuda.local.array(SQ_SHAPE, int32)  # (MT, 2) x row of rows g, g + 8; -1 past R
+    wrows = cuda.local.array(NJ, int32)  # (NJ,) this lane's weight row in each group
+    vals = cuda.local.array(VEC, float32)
+    gvals = cuda.local.array(VEC, float32)
+    for mi in range(MT):
+        for h in range(2):
+            r = r0 + mi * 16 + h * 8 + g
+            xrow[mi, h] = x_rows[r] if r < R else -1
+            sq[mi, h] = 0
+        for j in range(NJ):
+            for q in range(4):
+                acc[mi, j, q] = 0
+    wrows[0] = row_a + g if g < count_a else -1
+    wrows[1] = row_b + g if g < count_b else -1
+    n_chunks = (I + CHUNK - 1) // CHUNK
+    if warp < n_chunks:
+        load_b_words(w, wrows, warp * CHUNK + VEC * t, wide, b_next, vals)
+    for c in range(warp, n_chunks, WARPS):
+        k = c * CHUNK + VEC * t  # this lane's eight k of the chunk
+        for j in range(NJ):
+            for p in range(4):
+                b[j, p] = b_next[j, p]
+        if c + WARPS < n_chunks:  # the next chunk's weights, from HBM, while this one computes
+            load_b_words(w, wrows, k + WARPS * CHUNK, wide, b_next, vals)
+        load_a_words(x, xrow, norm_w, k, wide, active, a, sq, vals, gvals)
+        mma_chunk(a, b, acc, active)
+
+
+@cuda.jit(device=True, inline=True)
+def share_tile(acc, sq, mi, red):
+    """m-tile ``mi`` of every warp's accumulators and squares into red (WARPS, PER_TILE, 32),
+    then a barrier: ``pair_result`` reads them."""
+    warp, lane = cuda.threadIdx.x // WARP, cuda.threadIdx.x % WARP
+    for j in range(NJ):
+        for q in range(4):
+            red[warp, 4 * j + q, lane] = acc[mi, j, q]
+    red[warp, 4 * NJ, lane] = sq[mi, 0]
+    red[warp, 4 * NJ + 1, lane] = sq[mi, 1]
+    cuda.syncthreads()
+
+
+@cuda.jit(device=True, inline=True)
+def pair_result(red, e, norm_w, eps, I):
+    """Output ``e`` (0 <= e < 16 x 8) of an m-tile, summed over the warps: (row in the m-tile,
+    column in the group, value in group a, value in group b), each value scaled by its row's
+    1 / rms when there is a norm. Lane (g, t)'s c0, c1, c2, c3 are rows g, g, g + 8, g + 8 and
+    columns 2t, 2t + 1, 2t, 2t + 1."""
+    lane, q = e % WARP, e // WARP
+    g, t, h = lane // 4, lane % 4, q // 2
+    va = float32(0)
+    vb = float32(0)
+    squares = float32(0)
+    for w in range(WARPS):
+        va += red[w, q, lane]
+        vb += red[w, 4 + q, lane]
+        for u in range(4):  # the four lanes of group g loaded different k of the same rows
+            squares += red[w, 4 * NJ + h, 4 * g + u]
+    if norm_w.shape[0] > 0:
+        scale = float32(1) / math.sqrt(squares / I + eps)
+        va *= scale
+        vb *= scale
+    return h * 8 + g, 2 * t + q % 2, va, vb
+
+
+@cuda.jit(device=True)
+def tc_decode_linear(x, x_rows, norm_w, eps, w, bias, out, accumulate, block, n_blocks):
+    """out (R, O) (+)= rms_norm?(x[x_rows]) @ w.T + bias: the ``linear`` contract. A work item is
+    columns o0 .. o0 + 16 (two groups of 8). Every thread of the block must call it."""
+    tid = cuda.threadIdx.x
+    R, (O, I) = x_rows.shape[0], w.shape
+    red = cuda.shared.array(RED_SHAPE, float32)  # (WARPS, PER_TILE, 32)
+    acc = cuda.local.array(ACC_SHAPE, float32)  # (MT, NJ, 4)
+    sq = cuda.local.array(SQ_SHAPE, float32)  # (MT, 2)
+    for item in range(block, items_over(O, NJ), n_blocks):
+        o0 = item * NJ * GROUP
+        for r0 in range(0, R, ROWS):
+            row_group_sums(x, x_rows, r0, norm_w, w, o0, O - o0, o0 + GROUP, O - o0 - GROUP,
+                           acc, sq)
+            for mi in range(tiles_in(R, r0)):
+                share_tile(acc, sq, mi, red)
+                for e in range(tid, 16 * GROUP, THREADS):
+                    row, col, va, vb = pair_result(red, e, norm_w, eps, I)
+                    r = r0 + mi * 16 + row
+                    if r < R:
+                        store_output(out, r, o0 + col, va, bias, accumulate)
+                        store_output(out, r, o0 + GROUP + col, vb, bias, accumulate)
+                cuda.syncthreads()  # everyone has read red before the next m-tile writes it
+
+
+@cuda.jit(device=True)
+def tc_decode_swiglu(x, x_rows, norm_w, eps, w, bias, act, block, n_blocks):
+    """act (R, F) = silu(g) * u with [g | u] = rms_norm?(x[x_rows]) @ w.T + bias, w (2F, I) =
+    [W_gate; W_up]: gate/up with SwiGLU in the epilogue (gate columns j0.., up columns F + j0..)."""
+    tid = cuda.threadIdx.x
+    R, I, F = x_rows.shape[0], w.shape[1], act.shape[1]
+    red = cuda.shared.array(RED_SHAPE, float32)
+    acc = cuda.local.array(ACC_SHAPE, float32)
+    sq = cuda.local.array(SQ_SHAPE, float32)
+    for item in range(block, items_over(F, 1), n_blocks):
+        j0 = item * GROUP
+        for r0 in range(0, R, ROWS):
+            row_group_sums(x, x_rows, r0, norm_w, w, j0, F - j0, F + j0, F - j0, acc, sq)
+            for mi in range(tiles_in(R, r0)):
+                share_tile(acc, sq, mi, red)
+                for e in range(tid, 16 * GROUP, THREADS):
+                    row, col, vg, vu = pair_result(red, e, norm_w, eps, I)
+                    r, j = r0 + mi * 16 + row, j0 + col
+                    if r < R and j < F:
+                        act[r, j] = silu_times(plus_bias(vg, bias, j), plus_bias(vu, bias, F + j))
+                cuda.syncthreads()
+
+
+@cuda.jit(device=True)
+def tc_decode_qkv_rope(x, x_rows, norm_w, eps, w, bias, qkv, positions, seq_rows, block_tables,
+                       cos, sin, kv_pool, layer, num_heads, num_kv_heads, block, n_blocks):
+    """The qkv projection with RoPE and the KV write in its epilogue (``linear.gemv_qkv_rope``'s
+    contract): a work item is columns i0.. and E/2 + i0.. of one head, rotation pairs."""
+    tid = cuda.threadIdx.x
+    R, I = x_rows.shape[0], w.shape[1]
+    half = kv_pool.shape[5] // 2
+    E = 2 * half
+    per_head = items_over(half, 1)
+    red = cuda.shared.array(RED_SHAPE, float32)
+    acc = cuda.local.array(ACC_SHAPE, float32)
+    sq = cuda.local.array(SQ_SHAPE, float32)
+    for item in range(block, (num_heads + 2 * num_kv_heads) * per_head, n_blocks):
+        head, i0 = item // per_head, (item % per_head) * GROUP
+        o0 = head * E + i0
+        for r0 in range(0, R, ROWS):
+            row_group_sums(x, x_rows, r0, norm_w, w, o0, half - i0, o0 + half, half - i0, acc, sq)
+            for mi in range(tiles_in(R, r0)):
+                share_tile(acc, sq, mi, red)
+                for e in range(tid, 16 * GROUP, THREADS):
+                    row, col, x1, x2 = pair_result(red, e, norm_w, eps, I)
+                    r, i = r0 + mi * 16 + row, i0 + col
+                    if r < R and i < half:
+                        place_pair(qkv, x_rows[r], head, i, plus_bias(x1, bias, o0 + col),
+                                   plus_bias(x2, bias, o0 + half + col), positions, seq_rows,
+                                   block_tables, cos, sin, kv_pool, layer, num_heads,
+                                   num_kv_heads)
+                cuda.syncthreads()
+
+
+def tc_decode_items(kind: str, out_features: int, half_head: int = 0) -> int:
+    """Work items of the three kernels: ``linear`` over O columns, ``swiglu`` over F outputs,
+    ``qkv_rope`` over the (H + 2K) heads' E/2 rotation pairs (out_features = H + 2K heads)."""
+    if kind == "linear":
+        return column_groups(out_features, NJ)
+    if kind == "swiglu":
+        return column_groups(out_features, 1)
+    return out_features * column_groups(half_head, 1)
+
+
+@cuda.jit
+def tc_decode_linear_kernel(x, x_rows, norm_w, eps, w, bias, out, accumulate):
+    tc_decode_linear(x, x_rows, norm_w, eps, w, bias, out, accumulate, cuda.blockIdx.x,
+                     cuda.gridDim.x)
+
+
+@cuda.jit
+def tc_decode_swiglu_kernel(x, x_rows, norm_w, eps, w, bias, act):
+    tc_decode_swiglu(x, x_rows, norm_w, eps, w, bias, act, cuda.blockIdx.x, cuda.gridDim.x)
+
+
+@cuda.jit
+def tc_decode_qkv_rope_kernel(x, x_rows, norm_w, eps, w, bias, qkv, positions, seq_rows,
+                              block_tables, cos, sin, kv_pool, layer, num_heads, num_kv_heads):
+    tc_decode_qkv_rope(x, x_rows, norm_w, eps, w, bias, qkv, positions, seq_rows, block_tables,
+                       cos, sin, kv_pool, layer, num_heads, num_kv_heads, cuda.blockIdx.x,
+                       cuda.gridDim.x)
