@@ -31,7 +31,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from blink_edu.backend import get_backend  # noqa: E402
 from blink_edu.kernels.linear import gemv_kernel, gemv_work_items, linear_work_items, tiled_matmul  # noqa: E402
 from blink_edu.kernels.matmul_tc_decode import tc_decode_items, tc_decode_linear_kernel  # noqa: E402
-from blink_edu.kernels import matmul_tc  # noqa: E402
+from blink_edu.kernels import matmul_tc, matmul_tc_decode  # noqa: E402
 from blink_edu.kernels.matmul_tc import (  # noqa: E402
     QUAD, launch_tc_linear, require_tc_operands, tc_steps_per_split, tile_geometry)
 from blink_edu.kernels.reduce import THREADS, cuda, grid_for  # noqa: E402
@@ -116,6 +116,7 @@ def time_cublas(R: int, O: int, I: int, repeats: int) -> float:
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rows", type=int, nargs="+", default=[64, 512])
+    parser.add_argument("--decode-mt", type=int, help="m16 tiles a row group of matmul_tc_decode")
     parser.add_argument("--gemv-max", type=int, default=16,
                         help="also time the GEMV up to this many rows")
     parser.add_argument("--steps", type=int, nargs="*", default=[1, 2, 3, 0],
@@ -134,6 +135,11 @@ def main(argv=None) -> int:
         for name, value in geometry._asdict().items():
             setattr(matmul_tc, name, value)
         matmul_tc.A_VALUES, matmul_tc.B_WORDS = QUAD * geometry.A_LOADS, QUAD * geometry.B_LOADS
+    if args.decode_mt:  # before the first launch compiles the kernels
+        mt = args.decode_mt
+        matmul_tc_decode.MT, matmul_tc_decode.ROWS = mt, 16 * mt
+        matmul_tc_decode.ACC_SHAPE = (mt, matmul_tc_decode.NJ, 4)
+        matmul_tc_decode.A_SHAPE, matmul_tc_decode.SQ_SHAPE = (mt, 2, 4), (mt, 2)
     num_sms = cuda.get_current_device().MULTIPROCESSOR_COUNT
     rng = np.random.default_rng(args.seed)
     print(f"tile {matmul_tc.BM}x{matmul_tc.BN}, k step {matmul_tc.BK}, {THREADS} threads; "
@@ -155,7 +161,7 @@ def main(argv=None) -> int:
             steps = tc_steps_per_split(R, O, I, num_sms)
             # the decode-batch kernel (matmul_tc_decode), from the same starting out
             out.copy_to_device(start)
-            dec_grid = grid_for(tc_decode_items("linear", O))
+            dec_grid = grid_for(tc_decode_items("linear", R, O))
             tc_decode_linear_kernel[dec_grid, THREADS](*kernel_args[:8])
             got = out.copy_to_host() - (start if residual else 0)
             dec_err = np.linalg.norm(got - reference) / np.linalg.norm(reference)

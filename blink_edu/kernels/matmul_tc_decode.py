@@ -24,8 +24,8 @@ group covering 64 contiguous bytes — and feeds them to two ``mma`` k-steps::
 and the activations of rows ``g`` and ``g + 8`` at the same eight k the same way (a0/a2 from row
 ``g``'s p0/p1, a1/a3 from row ``g + 8``'s). A *chunk* of 32 k is two ``mma`` steps.
 
-**The work.** A work item is a *pair of 8-column groups* of ``out`` (``NJ = 2`` n-tiles), for all
-rows, 64 (``MT = 4`` m-tiles) at a time. The four warps of the block split the item's k chunks
+**The work.** A work item is a *pair of 8-column groups* of ``out`` (``NJ = 2`` n-tiles) for one
+*row group* of 16 tokens (``MT`` m-tiles). The four warps of the block split the item's k chunks
 (warp w takes chunks w, w + 4, ...), so a 576-wide row is walked in ~5 chunks a warp, each
 chunk's weights loaded while the previous chunk computes. At the end the warps add up their
 accumulators in shared memory, one m-tile at a time (``RED_SHAPE``, 5 KB) — no atomics, the
@@ -64,7 +64,7 @@ from .matmul_tc import mma_m16n8k16, pack_half2, plus_bias, store_output
 from .reduce import THREADS, WARP, cuda
 from .rope import place_pair
 
-MT = 4  # m16 tiles a row group: 64 tokens a pass
+MT = 1  # m16 tiles a row group (a work item's rows): 16 tokens
 NJ = 2  # n8 tiles a work item: the two column groups of a pair
 GROUP = 8  # columns in a column group (an mma's n)
 CHUNK = 4 * VEC  # k a chunk: the quad of lanes loads 4 x 8 consecutive k (two mma k16 steps)
@@ -146,6 +146,14 @@ def mma_chunk(a, b, acc, active):
                                      a[mi, 1, 2 * s + 1], b[j, 2 * s], b[j, 2 * s + 1],
                                      acc[mi, j, 0], acc[mi, j, 1], acc[mi, j, 2], acc[mi, j, 3])
                     acc[mi, j, 0], acc[mi, j, 1], acc[mi, j, 2], acc[mi, j, 3] = d
+
+
+def row_group_count(num_rows: int) -> int:
+    """Row groups of ROWS tokens over ``num_rows`` rows."""
+    return -(-num_rows // ROWS)
+
+
+row_groups = cuda.jit(device=True, inline=True)(row_group_count)  # the same, in a kernel
 
 
 @cuda.jit(device=True, inline=True)
@@ -242,20 +250,19 @@ def tc_decode_linear(x, x_rows, norm_w, eps, w, bias, out, accumulate, block, n_
     red = cuda.shared.array(RED_SHAPE, float32)  # (WARPS, PER_TILE, 32)
     acc = cuda.local.array(ACC_SHAPE, float32)  # (MT, NJ, 4)
     sq = cuda.local.array(SQ_SHAPE, float32)  # (MT, 2)
-    for item in range(block, items_over(O, NJ), n_blocks):
-        o0 = item * NJ * GROUP
-        for r0 in range(0, R, ROWS):
-            row_group_sums(x, x_rows, r0, norm_w, w, o0, O - o0, o0 + GROUP, O - o0 - GROUP,
-                           acc, sq)
-            for mi in range(tiles_in(R, r0)):
-                share_tile(acc, sq, mi, red)
-                for e in range(tid, 16 * GROUP, THREADS):
-                    row, col, va, vb = pair_result(red, e, norm_w, eps, I)
-                    r = r0 + mi * 16 + row
-                    if r < R:
-                        store_output(out, r, o0 + col, va, bias, accumulate)
-                        store_output(out, r, o0 + GROUP + col, vb, bias, accumulate)
-                cuda.syncthreads()  # everyone has read red before the next m-tile writes it
+    groups = row_groups(R)
+    for item in range(block, items_over(O, NJ) * groups, n_blocks):
+        o0, r0 = (item // groups) * NJ * GROUP, (item % groups) * ROWS
+        row_group_sums(x, x_rows, r0, norm_w, w, o0, O - o0, o0 + GROUP, O - o0 - GROUP, acc, sq)
+        for mi in range(tiles_in(R, r0)):
+            share_tile(acc, sq, mi, red)
+            for e in range(tid, 16 * GROUP, THREADS):
+                row, col, va, vb = pair_result(red, e, norm_w, eps, I)
+                r = r0 + mi * 16 + row
+                if r < R:
+                    store_output(out, r, o0 + col, va, bias, accumulate)
+                    store_output(out, r, o0 + GROUP + col, vb, bias, accumulate)
+            cuda.syncthreads()  # everyone has read red before the next m-tile writes it
 
 
 @cuda.jit(device=True)
@@ -267,18 +274,18 @@ def tc_decode_swiglu(x, x_rows, norm_w, eps, w, bias, act, block, n_blocks):
     red = cuda.shared.array(RED_SHAPE, float32)
     acc = cuda.local.array(ACC_SHAPE, float32)
     sq = cuda.local.array(SQ_SHAPE, float32)
-    for item in range(block, items_over(F, 1), n_blocks):
-        j0 = item * GROUP
-        for r0 in range(0, R, ROWS):
-            row_group_sums(x, x_rows, r0, norm_w, w, j0, F - j0, F + j0, F - j0, acc, sq)
-            for mi in range(tiles_in(R, r0)):
-                share_tile(acc, sq, mi, red)
-                for e in range(tid, 16 * GROUP, THREADS):
-                    row, col, vg, vu = pair_result(red, e, norm_w, eps, I)
-                    r, j = r0 + mi * 16 + row, j0 + col
-                    if r < R and j < F:
-                        act[r, j] = silu_times(plus_bias(vg, bias, j), plus_bias(vu, bias, F + j))
-                cuda.syncthreads()
+    groups = row_groups(R)
+    for item in range(block, items_over(F, 1) * groups, n_blocks):
+        j0, r0 = (item // groups) * GROUP, (item % groups) * ROWS
+        row_group_sums(x, x_rows, r0, norm_w, w, j0, F - j0, F + j0, F - j0, acc, sq)
+        for mi in range(tiles_in(R, r0)):
+            share_tile(acc, sq, mi, red)
+            for e in range(tid, 16 * GROUP, THREADS):
+                row, col, vg, vu = pair_result(red, e, norm_w, eps, I)
+                r, j = r0 + mi * 16 + row, j0 + col
+                if r < R and j < F:
+                    act[r, j] = silu_times(plus_bias(vg, bias, j), plus_bias(vu, bias, F + j))
+            cuda.syncthreads()
 
 
 @cuda.jit(device=True)
@@ -294,32 +301,35 @@ def tc_decode_qkv_rope(x, x_rows, norm_w, eps, w, bias, qkv, positions, seq_rows
     red = cuda.shared.array(RED_SHAPE, float32)
     acc = cuda.local.array(ACC_SHAPE, float32)
     sq = cuda.local.array(SQ_SHAPE, float32)
-    for item in range(block, (num_heads + 2 * num_kv_heads) * per_head, n_blocks):
-        head, i0 = item // per_head, (item % per_head) * GROUP
+    groups = row_groups(R)
+    for item in range(block, (num_heads + 2 * num_kv_heads) * per_head * groups, n_blocks):
+        column_item, r0 = item // groups, (item % groups) * ROWS
+        head, i0 = column_item // per_head, (column_item % per_head) * GROUP
         o0 = head * E + i0
-        for r0 in range(0, R, ROWS):
-            row_group_sums(x, x_rows, r0, norm_w, w, o0, half - i0, o0 + half, half - i0, acc, sq)
-            for mi in range(tiles_in(R, r0)):
-                share_tile(acc, sq, mi, red)
-                for e in range(tid, 16 * GROUP, THREADS):
-                    row, col, x1, x2 = pair_result(red, e, norm_w, eps, I)
-                    r, i = r0 + mi * 16 + row, i0 + col
-                    if r < R and i < half:
-                        place_pair(qkv, x_rows[r], head, i, plus_bias(x1, bias, o0 + col),
-                                   plus_bias(x2, bias, o0 + half + col), positions, seq_rows,
-                                   block_tables, cos, sin, kv_pool, layer, num_heads,
-                                   num_kv_heads)
-                cuda.syncthreads()
+        row_group_sums(x, x_rows, r0, norm_w, w, o0, half - i0, o0 + half, half - i0, acc, sq)
+        for mi in range(tiles_in(R, r0)):
+            share_tile(acc, sq, mi, red)
+            for e in range(tid, 16 * GROUP, THREADS):
+                row, col, x1, x2 = pair_result(red, e, norm_w, eps, I)
+                r, i = r0 + mi * 16 + row, i0 + col
+                if r < R and i < half:
+                    place_pair(qkv, x_rows[r], head, i, plus_bias(x1, bias, o0 + col),
+                               plus_bias(x2, bias, o0 + half + col), positions, seq_rows,
+                               block_tables, cos, sin, kv_pool, layer, num_heads, num_kv_heads)
+            cuda.syncthreads()
 
 
-def tc_decode_items(kind: str, out_features: int, half_head: int = 0) -> int:
-    """Work items of the three kernels: ``linear`` over O columns, ``swiglu`` over F outputs,
-    ``qkv_rope`` over the (H + 2K) heads' E/2 rotation pairs (out_features = H + 2K heads)."""
+def tc_decode_items(kind: str, num_rows: int, out_features: int, half_head: int = 0) -> int:
+    """Work items of the three kernels over ``num_rows`` tokens: ``linear`` over O columns,
+    ``swiglu`` over F outputs, ``qkv_rope`` over the (H + 2K) heads' E/2 rotation pairs
+    (out_features = H + 2K heads); each column item once per row group."""
     if kind == "linear":
-        return column_groups(out_features, NJ)
-    if kind == "swiglu":
-        return column_groups(out_features, 1)
-    return out_features * column_groups(half_head, 1)
+        columns = column_groups(out_features, NJ)
+    elif kind == "swiglu":
+        columns = column_groups(out_features, 1)
+    else:
+        columns = out_features * column_groups(half_head, 1)
+    return columns * row_group_count(num_rows)
 
 
 @cuda.jit

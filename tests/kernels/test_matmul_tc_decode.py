@@ -35,7 +35,7 @@ def test_linear_matches_reference_on_ragged_shapes(rng, R, I, O, norm_bias, accu
     start = rng.standard_normal((R, O)).astype(np.float32) if accumulate \
         else np.full((R, O), np.nan, np.float32)  # poisoned: every element must be written
     out = dev(start)
-    tc_decode_linear_kernel[grid_for(tc_decode_items("linear", O)), THREADS](
+    tc_decode_linear_kernel[grid_for(tc_decode_items("linear", R, O)), THREADS](
         dev(x), dev(x_rows), dev(g), EPS, dev(w), dev(b), out, accumulate)
     got = out.copy_to_host() - (start if accumulate else 0)
     assert np.isfinite(got).all()
@@ -46,7 +46,7 @@ def test_float32_weights_are_rounded_to_fp16_not_refused(rng):
     x, x_rows, w = operands(rng, 10, 48, 16, np.float32)
     none = np.zeros(0, np.float32)
     out = dev(np.zeros((10, 16), np.float32))
-    tc_decode_linear_kernel[grid_for(tc_decode_items("linear", 16)), THREADS](
+    tc_decode_linear_kernel[grid_for(tc_decode_items("linear", 10, 16)), THREADS](
         dev(x), dev(x_rows), dev(none), EPS, dev(w), dev(none), out, 0)
     assert rel_err(out.copy_to_host(), x[x_rows] @ w.T) < FP16_TOL
 
@@ -57,7 +57,7 @@ def test_gate_up_with_swiglu(rng, R, I, F, norm_bias):
     g, b = norm_and_bias(rng, I, 2 * F, norm_bias)
     gate_up = projected(x[x_rows], g, w, b)
     act = dev(np.full((R, F), np.nan, np.float32))
-    tc_decode_swiglu_kernel[grid_for(tc_decode_items("swiglu", F)), THREADS](
+    tc_decode_swiglu_kernel[grid_for(tc_decode_items("swiglu", R, F)), THREADS](
         dev(x), dev(x_rows), dev(g), EPS, dev(w), dev(b), act)
     assert rel_err(act.copy_to_host(), ref.silu(gate_up[:, :F]) * gate_up[:, F:]) < FP16_TOL
 
@@ -85,7 +85,7 @@ def test_qkv_with_rope_and_kv_write(rng, heads, kv_heads, head_dim, norm_bias):
                  positions % B)
     cos, sin = ref.rope_tables(cfg, np.arange(64))
     qkv_d, pool_d = dev(np.full((T, w.shape[0]), np.nan, np.float32)), dev(pool)
-    tc_decode_qkv_rope_kernel[grid_for(tc_decode_items("qkv_rope", H + 2 * K, E // 2)), THREADS](
+    tc_decode_qkv_rope_kernel[grid_for(tc_decode_items("qkv_rope", T, H + 2 * K, E // 2)), THREADS](
         dev(x), dev(np.arange(T, dtype=np.int32)), dev(g), EPS, dev(w), dev(b), qkv_d,
         dev(positions), dev(seq_rows), dev(tables), dev(cos), dev(sin), pool_d, layer, H, K)
     assert rel_err(qkv_d.copy_to_host()[:, :H * E].reshape(T, H, E), q_ref) < FP16_TOL
