@@ -8,10 +8,11 @@ of the model is always the same sequence of ops::
     k = 1 .. 7 L         QKV, ROPE_KV, ATTENTION, O_PROJ, GATE_UP, SWIGLU, DOWN   (per layer)
     k = 7 L + 1, + 2     LM_HEAD, SAMPLE
 
-At batch 1 (``T <= FUSED_GEMV_MAX_ROWS``) ROPE_KV and SWIGLU ride in the epilogue of the GEMV
-before them (``kernels/linear.py``: ``gemv_qkv_rope``, ``gemv_swiglu``) and are skipped:
-``fused_into_gemv(op, T)`` says so, the same way for every executor — five ops a layer instead
-of seven, so five launches or grid barriers.
+At batch 1, and for a decode batch on tensor cores, ROPE_KV and SWIGLU ride in the epilogue of
+the projection before them (``kernels/linear.py``: ``linear_qkv_rope``, ``linear_swiglu``;
+``fuses_next_op`` says when) and are skipped: ``fused_into_linear(op, T, tensor_cores)`` says
+so, the same way for every executor — five ops a layer instead of seven, so five launches or
+grid barriers.
 
 ``op_of(k, L)`` names the k-th op and its layer; ``forward_op`` runs one op over the step's
 ``T`` tokens and ``R`` sampled rows with the same device functions the eager executor launches
@@ -31,8 +32,8 @@ from typing import NamedTuple
 
 from ..kernels.attention import paged_attention
 from ..kernels.elementwise import elementwise_items, embed_tokens, swiglu
-from ..kernels.linear import (FUSED_GEMV_MAX_ROWS, GEMV_MAX_ROWS, gemv_qkv_rope, gemv_swiglu,
-                              linear, linear_work_items)
+from ..kernels.linear import (GEMV_MAX_ROWS, fuses_next_op, fuses_next_op_device, linear,
+                              linear_qkv_rope, linear_swiglu, linear_work_items)
 from ..kernels.reduce import cuda, grid_for
 from ..kernels.rope import rope_and_write_kv, rope_work_items
 from ..kernels.sampling import adjust_row_from_history, sample_rows
@@ -60,13 +61,15 @@ def op_of(k, num_layers):
 op_of_device = cuda.jit(device=True)(op_of)
 
 
-def fused_into_gemv(op, num_tokens):
-    """Whether ``op`` has nothing to do in a step of ``num_tokens`` tokens, because the GEMV
-    before it did it in its epilogue (batch 1: RoPE and the KV write, SwiGLU)."""
-    return num_tokens <= FUSED_GEMV_MAX_ROWS and (op == ROPE_KV or op == SWIGLU)
+def fused_into_linear(op, num_tokens, tensor_cores):
+    """Whether ``op`` has nothing to do in a step of ``num_tokens`` tokens, because the projection
+    before it did it in its epilogue (RoPE and the KV write, SwiGLU: ``linear.fuses_next_op``)."""
+    return (op == ROPE_KV or op == SWIGLU) and fuses_next_op(num_tokens, tensor_cores)
 
 
-fused_into_gemv_device = cuda.jit(device=True)(fused_into_gemv)
+@cuda.jit(device=True)
+def fused_into_linear_device(op, num_tokens, tensor_cores):
+    return (op == ROPE_KV or op == SWIGLU) and fuses_next_op_device(num_tokens, tensor_cores)
 
 
 class ModelArrays(NamedTuple):
@@ -94,6 +97,7 @@ class ModelArrays(NamedTuple):
     eps: object  # float32 RMSNorm epsilon
     num_heads: object  # H (int)
     num_kv_heads: object  # K (int)
+    tensor_cores: object  # bool: batched steps on tensor cores (``linear.uses_tensor_cores``)
 
 
 class StepBuffers(NamedTuple):
@@ -157,19 +161,18 @@ def forward_op(op, i, T, R, model, step, history, blk, nb):
     """Op ``op`` (of layer ``i``) over T tokens and R sampled rows, this block's share of it.
     ``model``: ModelArrays; ``step``: StepBuffers; ``history``: SamplingHistory."""
     m, s = model, step
-    H, K = m.num_heads, m.num_kv_heads
+    H, K, tc = m.num_heads, m.num_kv_heads, m.tensor_cores
     rows = s.all_rows[:T]
     x, qkv, positions, seq_rows = s.x[:T], s.qkv[:T], s.positions[:T], s.seq_rows[:T]
     if op == EMBED:
         embed_tokens(m.embed, s.token_ids[:T], x, blk, nb)
-    elif fused_into_gemv_device(op, T):
-        pass  # done in the epilogue of the GEMV before it
-    elif op == QKV and fused_into_gemv_device(ROPE_KV, T):
-        gemv_qkv_rope(x, rows, m.attn_norm[i], m.eps, m.w_qkv[i], m.b_qkv[i], qkv, positions,
-                      seq_rows, s.block_tables, m.cos, m.sin, m.kv_pool, i, H, K, blk, nb)
+    elif fused_into_linear_device(op, T, tc):
+        pass  # done in the epilogue of the projection before it
+    elif op == QKV and fused_into_linear_device(ROPE_KV, T, tc):
+        linear_qkv_rope(x, rows, m.attn_norm[i], m.eps, m.w_qkv[i], m.b_qkv[i], qkv, positions,
+                        seq_rows, s.block_tables, m.cos, m.sin, m.kv_pool, i, H, K, blk, nb)
     elif op == QKV:
-        linear(x, rows, m.attn_norm[i], m.eps, m.w_qkv[i], m.b_qkv[i], qkv, 0,
-                             blk, nb)
+        linear(x, rows, m.attn_norm[i], m.eps, m.w_qkv[i], m.b_qkv[i], qkv, 0, tc, blk, nb)
     elif op == ROPE_KV:
         rope_and_write_kv(qkv, positions, seq_rows, s.block_tables, m.cos, m.sin, m.kv_pool, i,
                           H, K, blk, nb)
@@ -177,21 +180,20 @@ def forward_op(op, i, T, R, model, step, history, blk, nb):
         paged_attention(qkv, positions, seq_rows, s.block_tables, m.kv_pool, i, H, K, s.attn[:T],
                         blk, nb)
     elif op == O_PROJ:
-        linear(s.attn[:T], rows, m.no_norm, m.eps, m.w_o[i], m.b_o[i], x, 1, blk, nb)
-    elif op == GATE_UP and fused_into_gemv_device(SWIGLU, T):
-        gemv_swiglu(x, rows, m.mlp_norm[i], m.eps, m.w_gate_up[i], m.b_gate_up[i], s.act[:T],
-                    blk, nb)
+        linear(s.attn[:T], rows, m.no_norm, m.eps, m.w_o[i], m.b_o[i], x, 1, tc, blk, nb)
+    elif op == GATE_UP and fused_into_linear_device(SWIGLU, T, tc):
+        linear_swiglu(x, rows, m.mlp_norm[i], m.eps, m.w_gate_up[i], m.b_gate_up[i], s.act[:T],
+                      blk, nb)
     elif op == GATE_UP:
-        linear(x, rows, m.mlp_norm[i], m.eps, m.w_gate_up[i], m.b_gate_up[i],
-                             s.gate_up[:T], 0, blk, nb)
+        linear(x, rows, m.mlp_norm[i], m.eps, m.w_gate_up[i], m.b_gate_up[i], s.gate_up[:T], 0,
+               tc, blk, nb)
     elif op == SWIGLU:
         swiglu(s.gate_up[:T], s.act[:T], blk, nb)
     elif op == DOWN:
-        linear(s.act[:T], rows, m.no_norm, m.eps, m.w_down[i], m.b_down[i], x, 1,
-                             blk, nb)
+        linear(s.act[:T], rows, m.no_norm, m.eps, m.w_down[i], m.b_down[i], x, 1, tc, blk, nb)
     elif op == LM_HEAD:
-        linear(x, s.logit_rows[:R], m.final_norm, m.eps, m.lm_head, m.no_norm,
-                             s.logits[:R], 0, blk, nb)
+        linear(x, s.logit_rows[:R], m.final_norm, m.eps, m.lm_head, m.no_norm, s.logits[:R], 0,
+               tc, blk, nb)
     else:
         adjust_sampled_rows(s.logits[:R], s.counters[:R], history, blk, nb)
         sample_rows(s.logits[:R], s.step_temperature[:R], s.step_top_p[:R], s.step_top_k[:R],
@@ -208,7 +210,7 @@ def forward(T, R, model, step, history):
     n = OPS_PER_LAYER * L + 3
     for k in range(n):
         op, i = op_of_device(k, L)
-        if fused_into_gemv_device(op, T):
+        if fused_into_linear_device(op, T, model.tensor_cores):
             continue
         forward_op(op, i, T, R, model, step, history, blk, nb)
         if k + 1 < n:
@@ -230,14 +232,15 @@ def linear_shape(op: int, config) -> tuple[int, int]:
             LM_HEAD: (config.vocab_size, D)}[op]
 
 
-def op_grid(op: int, max_tokens: int, max_rows: int, config) -> int:
+def op_grid(op: int, max_tokens: int, max_rows: int, config, tensor_cores: bool = False) -> int:
     """Blocks for ``op`` in a step of up to ``max_tokens`` tokens and ``max_rows`` sampled rows of
     the model ``config`` (a ``ModelConfig``): what every executor launches. A linear op may take
-    its GEMV path (T <= GEMV_MAX_ROWS) at run time in a captured graph: enough blocks for both."""
+    its GEMV path (T <= GEMV_MAX_ROWS) at run time in a captured graph: enough blocks for both.
+    ``tensor_cores``: the batched path is ``matmul_tc_decode`` (``linear.uses_tensor_cores``)."""
     if op in (QKV, O_PROJ, GATE_UP, DOWN, LM_HEAD):
         O, _ = linear_shape(op, config)
         rows = max_rows if op == LM_HEAD else max_tokens
-        return grid_for(max(linear_work_items(rows, O),
+        return grid_for(max(linear_work_items(rows, O, tensor_cores),
                             linear_work_items(min(rows, GEMV_MAX_ROWS), O)))
     if op == ATTENTION:
         return grid_for(max_tokens * config.num_heads)

@@ -223,7 +223,7 @@ class ForwardGraphs:
         cfg, stream = self.config, cuda.external_stream(self.stream_ptr)
         for k in range(num_ops(cfg.num_layers)):
             op, layer = op_of(k, cfg.num_layers)
-            grid = op_grid(op, max_tokens, max_rows, cfg)
+            grid = op_grid(op, max_tokens, max_rows, cfg, bool(self.args[0].tensor_cores))
             forward_op_kernel[grid, THREADS, stream](op, layer, self.sizes, *self.args)
         signal_step_done[1, 1, stream](self.sizes, self.done)
 

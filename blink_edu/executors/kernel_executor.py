@@ -7,7 +7,8 @@ issues them:
 * ``EagerExecutor`` — a Python loop launches every kernel of every step: 1 embedding gather,
   7 per layer (norm+qkv, rope+kv-write, attention, o-proj+residual, norm+gate/up, SwiGLU,
   down+residual), the LM head and the sampler; 5 per layer at batch 1, where RoPE and SwiGLU ride
-  in their GEMV's epilogue (``forward_ops.fused_into_gemv``; ``fuse_epilogues=False`` keeps all
+  in the epilogue of the projection before them, as they do for a decode batch on tensor cores
+  (``forward_ops.fused_into_linear``; ``fuse_epilogues=False`` keeps all
   seven, to measure what the fusion buys or to route every linear through ``launch_linear``). Each launch costs tens of microseconds of host
   time, so at small batch the GPU mostly waits for Python.
 * ``GraphExecutor`` — the same launches are captured once per *bucket* into a CUDA graph
@@ -33,9 +34,10 @@ from ..backend import get_backend
 from ..config import EngineConfig
 from ..kernels.attention import paged_attention_kernel
 from ..kernels.elementwise import embed_tokens_kernel, swiglu_kernel
-from ..kernels.linear import (gemv_qkv_rope_kernel, gemv_swiglu_kernel, gemv_work_items,
-                              linear_kernel_for, linear_work_items, on_tensor_cores)
-from ..kernels.matmul_tc import launch_tc_linear
+from ..kernels.linear import (FUSED_GEMV_MAX_ROWS, gemv_qkv_rope_kernel, gemv_swiglu_kernel,
+                              gemv_work_items, launch_linear, uses_tensor_cores)
+from ..kernels.matmul_tc_decode import (tc_decode_items, tc_decode_qkv_rope_kernel,
+                                        tc_decode_swiglu_kernel)
 from ..kernels.reduce import THREADS, cuda, grid_for
 from ..kernels.rope import rope_and_write_kv_kernel
 from ..kernels.sampling import adjust_logits_kernel, sample_rows_kernel
@@ -44,7 +46,7 @@ from ..kv.pool import allocate_kv_pool
 from ..model.reference import rope_tables
 from ..model.weights import ModelWeights
 from .forward_ops import (ATTENTION, DOWN, EMBED, GATE_UP, LM_HEAD, O_PROJ, OP_NAMES, QKV,
-                          ROPE_KV, SAMPLE, SWIGLU, fused_into_gemv, num_ops, op_grid, op_of)
+                          ROPE_KV, SAMPLE, SWIGLU, fused_into_linear, num_ops, op_grid, op_of)
 from .step import StepBatch, padded_step_shape
 
 
@@ -161,6 +163,7 @@ class EagerExecutor:
         self.logits = cuda.device_array((max_s, cfg.vocab_size), f32)
         self.all_rows = cuda.to_device(np.arange(max_t, dtype=np.int32))
         self.row_scale = cuda.device_array(max_t, f32)  # the tensor-core tile's 1 / rms per row
+        self.tensor_cores = uses_tensor_cores(weight_dtype)  # batched steps on tensor cores
         self.num_sms = 1 if self.backend.is_simulator else \
             cuda.get_current_device().MULTIPROCESSOR_COUNT
         # step inputs: host staging (pinned on a GPU) and their device twins
@@ -265,7 +268,13 @@ class EagerExecutor:
         if op == EMBED:
             embed_tokens_kernel[grid, THREADS, st](self.embed, v["token_ids"], v["x"])
         elif op == QKV and self.fuses(ROPE_KV, t_b):
-            gemv_qkv_rope_kernel[grid_for(gemv_work_items(lw.w_qkv.shape[0] // 2)), THREADS, st](
+            heads = cfg.num_heads + 2 * cfg.num_kv_heads
+            kernel, grid = (
+                (gemv_qkv_rope_kernel, gemv_work_items(lw.w_qkv.shape[0] // 2))
+                if t_b <= FUSED_GEMV_MAX_ROWS else
+                (tc_decode_qkv_rope_kernel, tc_decode_items("qkv_rope", t_b, heads,
+                                                            cfg.head_dim // 2)))
+            kernel[grid_for(grid), THREADS, st](
                 v["x"], v["rows"], lw.attn_norm, self.eps, lw.w_qkv, lw.b_qkv, v["qkv"],
                 v["positions"], v["seq_rows"], v["block_tables"], self.cos, self.sin,
                 self.kv_pool, i, cfg.num_heads, cfg.num_kv_heads)
@@ -281,7 +290,10 @@ class EagerExecutor:
         elif op == O_PROJ:
             self.launch_linear(v["attn"], v["rows"], empty, lw.w_o, lw.b_o, v["x"], 1)
         elif op == GATE_UP and self.fuses(SWIGLU, t_b):
-            gemv_swiglu_kernel[grid_for(gemv_work_items(cfg.intermediate_size)), THREADS, st](
+            F = cfg.intermediate_size
+            kernel, grid = ((gemv_swiglu_kernel, gemv_work_items(F)) if t_b <= FUSED_GEMV_MAX_ROWS
+                            else (tc_decode_swiglu_kernel, tc_decode_items("swiglu", t_b, F)))
+            kernel[grid_for(grid), THREADS, st](
                 v["x"], v["rows"], lw.mlp_norm, self.eps, lw.w_gate_up, lw.b_gate_up, v["act"])
         elif op == GATE_UP:
             self.launch_linear(v["x"], v["rows"], lw.mlp_norm, lw.w_gate_up, lw.b_gate_up,
@@ -300,19 +312,14 @@ class EagerExecutor:
 
     def fuses(self, op: int, t_b: int) -> bool:
         """Whether ``op`` (RoPE, SwiGLU) runs in the epilogue of the GEMV before it in a step of
-        T_b tokens (``forward_ops.fused_into_gemv``), so that it gets no launch of its own."""
-        return self.fuse_epilogues and fused_into_gemv(op, t_b)
+        T_b tokens (``forward_ops.fused_into_linear``), so that it gets no launch of its own."""
+        return self.fuse_epilogues and fused_into_linear(op, t_b, self.tensor_cores)
 
     def launch_linear(self, x, rows, norm, w, b, out, accumulate) -> None:
         """out (+)= rms_norm?(x[rows]) @ w.T + b (``kernels/linear.py``). A subclass may launch
         another kernel here: the course labs plug a student's GEMV in this way."""
-        if on_tensor_cores(rows.shape[0], w):
-            launch_tc_linear(x, rows, norm, self.eps, w, b, out, accumulate, self.row_scale,
-                             self.stream, self.num_sms)
-            return
-        grid = grid_for(linear_work_items(rows.shape[0], w.shape[0]))
-        linear_kernel_for(rows.shape[0])[grid, THREADS, self.stream](
-            x, rows, norm, self.eps, w, b, out, accumulate)
+        launch_linear(x, rows, norm, self.eps, w, b, out, accumulate, self.row_scale, self.stream,
+                      self.num_sms)
 
     def launch_attention(self, qkv, positions, seq_rows, block_tables, layer, out) -> None:
         """Paged attention of layer ``layer`` (``kernels/attention.py``); a subclass may launch

@@ -30,6 +30,7 @@ import numpy as np
 
 from ..backend import get_backend
 from ..config import EngineConfig
+from ..kernels.linear import uses_tensor_cores
 from ..kernels.reduce import THREADS, cuda
 from ..kernels.sync import clock_handshake
 from ..kv.block_manager import blocks_needed
@@ -102,7 +103,8 @@ class PersistentExecutor:
                                  no_norm=cuda.to_device(np.zeros(0, f32)),
                                  cos=cuda.to_device(cos), sin=cuda.to_device(sin),
                                  kv_pool=cuda.to_device(allocate_kv_pool(cfg, N, B)),
-                                 eps=np.float32(cfg.rms_norm_eps), num_heads=H, num_kv_heads=K)
+                                 eps=np.float32(cfg.rms_norm_eps), num_heads=H, num_kv_heads=K,
+                                 tensor_cores=uses_tensor_cores(weight_dtype))
         lanes = np.zeros((S, pk.NUM_LANE_FIELDS), i64)  # (S, fields)
         lanes[:, pk.L_SLOT] = -1
         self.scheduler_state = pk.SchedulerState(

@@ -13,10 +13,13 @@ number of rows (``linear``) and the weights (``on_tensor_cores``), the same way 
   the memory system idle — a small decode GEMV is *latency*-bound long before it is
   bandwidth-bound, and what it spends its time on is instructions at a few warps per SM. (For a
   second token the row is read again, from the L1 cache, where the first one left it.)
-* **Tensor-core tile** (more rows, float16 weights; ``on_tensor_cores``): ``matmul_tc.py``'s
-  ``mma.sync`` tile, with split-K for a decode batch's few tiles. The eager and graph executors
-  launch it; the persistent kernel's forward keeps the FMA tile (its static shared memory is
-  shared by every op it runs).
+* **Tensor cores for a decode batch** (``GEMV_MAX_ROWS < R <= TC_DECODE_MAX_ROWS``, float16
+  weights): ``matmul_tc_decode.py`` — weights streamed from memory straight into ``mma``
+  fragments, a GEMV with tensor-core math, RoPE or SwiGLU in its epilogue as at batch 1. Every
+  executor takes it; the persistent kernel's forward takes it for *every* batched step (it has
+  5 KB of shared memory, where the tile below needs 37 KB).
+* **Tensor-core tile** (more rows, float16 weights): ``matmul_tc.py``'s shared-memory
+  ``mma.sync`` tile, for prompt chunks, launched by the eager and graph executors.
 * **FMA tile** (more rows, float32 weights, or an odd ``I``): the block loads a
   ``TILE x TILE`` tile of inputs and one of weights into shared memory and each thread
   accumulates several outputs from them, so every weight loaded serves ``TILE`` tokens.
@@ -29,13 +32,15 @@ Fusions save whole kernels and round trips through memory:
   ``x`` anyway, so they add up its squares on the way: no separate pass, no barrier.
 * **Residual add in the epilogue**: with ``accumulate=1`` the result is added to ``out`` (which
   holds the residual stream) instead of overwriting it.
-* **At batch 1, the next op in the epilogue** (``gemv_qkv_rope``, ``gemv_swiglu``): a warp owns
-  the *pair* of rows one result needs — rows ``i`` and ``i + E/2`` of a head (a RoPE rotation
-  pair), or rows ``j`` and ``F + j`` of gate/up — so it rotates q and k and writes k and v to the
-  paged pool, or applies SwiGLU, itself. Two launches (or grid barriers) a layer fewer
-  (``executors/forward_ops.py`` skips the RoPE and SwiGLU ops then). Larger steps keep them
-  apart (``FUSED_GEMV_MAX_ROWS``: measured, a fused warp's two rows cost more than the launch
-  they save once there are several tokens), and so do tiles, whose outputs are not paired.
+* **The next op in the epilogue** (``gemv_qkv_rope``, ``gemv_swiglu`` at batch 1, their
+  ``matmul_tc_decode`` twins for a decode batch): the work is split so that one thread ends up
+  with the *pair* of outputs one result needs — rows ``i`` and ``i + E/2`` of a head (a RoPE
+  rotation pair), or rows ``j`` and ``F + j`` of gate/up — so it rotates q and k and writes k
+  and v to the paged pool, or applies SwiGLU, itself. Two launches (or grid barriers) a layer
+  fewer (``executors/forward_ops.py`` skips the RoPE and SwiGLU ops then: ``fuses_next_op``).
+  A GEMV of 2 to 8 tokens keeps them apart (``FUSED_GEMV_MAX_ROWS``: measured, a fused warp's
+  two rows cost more than the launch they save once there are several tokens), and so does
+  the shared-memory tile, whose outputs are not paired.
 
 Accumulation is float32 whatever the weights' dtype (float32 or float16).
 """
@@ -52,8 +57,10 @@ from ..backend import get_backend
 from . import loads
 from .loads import VEC, load8, load8_1d
 from .elementwise import silu_times
-from .matmul_tc import plus_bias, store_output
-from .reduce import THREADS, cuda, warp_sum
+from .matmul_tc import launch_tc_linear, plus_bias, store_output
+from .matmul_tc_decode import (tc_decode_items, tc_decode_linear, tc_decode_linear_kernel,
+                               tc_decode_qkv_rope, tc_decode_swiglu)
+from .reduce import THREADS, cuda, grid_for, warp_sum
 from .rope import place_pair
 
 GEMV_MAX_ROWS = 8  # decode batches up to this many tokens take the GEMV path
@@ -62,6 +69,9 @@ GEMV_MAX_ROWS = 8  # decode batches up to this many tokens take the GEMV path
 # each row a warp: on the H200 (bench.decode at db4e630) the fused step at batch 1 was as fast as
 # the unfused one (the 135M shape) or 3% faster (the bundled model), and at batch 8 15-20% slower.
 FUSED_GEMV_MAX_ROWS = 1
+# Batched steps of up to this many tokens take matmul_tc_decode's kernels (with float16 weights);
+# more take matmul_tc's shared-memory tile in the eager and graph executors.
+TC_DECODE_MAX_ROWS = 128
 # Threads sharing one output row in the GEMV: a warp on a GPU, whose lanes add their partial sums
 # with shuffles. Numba's simulator has no shuffles, so there each thread owns a whole row.
 LANES = 1 if get_backend().is_simulator else 32
@@ -290,29 +300,79 @@ TENSOR_CORES = os.environ.get("BLINK_EDU_TENSOR_CORES", "1").strip() != "0"
 
 
 @cuda.jit(device=True)
-def linear(x, x_rows, norm_w, eps, w, bias, out, accumulate, block, n_blocks):
+def linear(x, x_rows, norm_w, eps, w, bias, out, accumulate, tensor_cores, block, n_blocks):
     """out (R, O) (+)= rms_norm?(x[x_rows]) @ w.T + bias, in one kernel: the GEMV for a decode
-    batch (R <= GEMV_MAX_ROWS), the FMA tile for more. x (T, I) f32; x_rows (R,) i32;
-    norm_w (I,) or (0,); w (O, I) f32/f16; bias (O,) or (0,). The persistent kernel's forward
-    runs it between two grid barriers; the eager and graph executors launch the tensor-core tile
-    instead where ``on_tensor_cores`` says so (two launches: ``matmul_tc.launch_tc_linear``)."""
+    batch of up to GEMV_MAX_ROWS tokens; for more, ``matmul_tc_decode`` where ``tensor_cores``
+    (``uses_tensor_cores``), else the FMA tile. x (T, I) f32; x_rows (R,) i32; norm_w (I,) or
+    (0,); w (O, I) f32/f16; bias (O,) or (0,). The persistent kernel's forward runs it between
+    two grid barriers; the eager and graph executors launch the kernel ``linear_path`` names."""
     if x_rows.shape[0] <= GEMV_MAX_ROWS:
         gemv(x, x_rows, norm_w, eps, w, bias, out, accumulate, block, n_blocks)
+    elif tensor_cores:
+        tc_decode_linear(x, x_rows, norm_w, eps, w, bias, out, accumulate, block, n_blocks)
     else:
         tiled_matmul(x, x_rows, norm_w, eps, w, bias, out, accumulate, block, n_blocks)
 
 
-def on_tensor_cores(num_rows: int, w) -> bool:
-    """Whether a linear layer over ``num_rows`` rows takes the tensor-core tile: a batched step
-    (more than GEMV_MAX_ROWS rows) with float16 weights of an even width, unless
-    BLINK_EDU_TENSOR_CORES=0. The one place this is decided."""
-    return (TENSOR_CORES and num_rows > GEMV_MAX_ROWS and w.dtype == np.float16
-            and w.shape[1] % 2 == 0)
+def uses_tensor_cores(weight_dtype) -> bool:
+    """Whether batched steps with weights of this dtype run on tensor cores: float16 weights,
+    unless BLINK_EDU_TENSOR_CORES=0 (float32 weights stay exact, on the FMA tile)."""
+    return TENSOR_CORES and np.dtype(weight_dtype) == np.float16
+
+
+def linear_path(num_rows: int, w) -> str:
+    """Which kernel a linear layer over ``num_rows`` rows of weights ``w`` takes when a host
+    launches it (eager, graph): "gemv", "tc_decode" (``matmul_tc_decode``), "tc_tile"
+    (``matmul_tc``, weights of an even width) or "fma_tile". The one place this is decided; the
+    persistent kernel's ``linear`` makes the same choice but for "tc_tile" (see the docstring)."""
+    if num_rows <= GEMV_MAX_ROWS:
+        return "gemv"
+    if not uses_tensor_cores(w.dtype):
+        return "fma_tile"
+    if num_rows <= TC_DECODE_MAX_ROWS or w.shape[1] % 2:
+        return "tc_decode"
+    return "tc_tile"
+
+
+def fuses_next_op(num_rows: int, tensor_cores: bool) -> bool:
+    """Whether the qkv and gate/up projections of a step of ``num_rows`` tokens do RoPE + the KV
+    write and SwiGLU in their epilogue (``gemv_qkv_rope``/``gemv_swiglu`` at batch 1, their
+    ``matmul_tc_decode`` twins for a decode batch on tensor cores), so that those two ops have
+    nothing left to do."""
+    return num_rows <= FUSED_GEMV_MAX_ROWS or (
+        tensor_cores and GEMV_MAX_ROWS < num_rows <= TC_DECODE_MAX_ROWS)
+
+
+fuses_next_op_device = cuda.jit(device=True)(fuses_next_op)
+
+
+@cuda.jit(device=True)
+def linear_swiglu(x, x_rows, norm_w, eps, w, bias, act, block, n_blocks):
+    """The gate/up projection with SwiGLU in its epilogue, for a step ``fuses_next_op`` fuses."""
+    if x_rows.shape[0] <= FUSED_GEMV_MAX_ROWS:
+        gemv_swiglu(x, x_rows, norm_w, eps, w, bias, act, block, n_blocks)
+    else:
+        tc_decode_swiglu(x, x_rows, norm_w, eps, w, bias, act, block, n_blocks)
+
+
+@cuda.jit(device=True)
+def linear_qkv_rope(x, x_rows, norm_w, eps, w, bias, qkv, positions, seq_rows, block_tables, cos,
+                    sin, kv_pool, layer, num_heads, num_kv_heads, block, n_blocks):
+    """The qkv projection with RoPE and the KV write in its epilogue, for a step
+    ``fuses_next_op`` fuses."""
+    if x_rows.shape[0] <= FUSED_GEMV_MAX_ROWS:
+        gemv_qkv_rope(x, x_rows, norm_w, eps, w, bias, qkv, positions, seq_rows, block_tables,
+                      cos, sin, kv_pool, layer, num_heads, num_kv_heads, block, n_blocks)
+    else:
+        tc_decode_qkv_rope(x, x_rows, norm_w, eps, w, bias, qkv, positions, seq_rows,
+                           block_tables, cos, sin, kv_pool, layer, num_heads, num_kv_heads,
+                           block, n_blocks)
 
 
 @cuda.jit
-def linear_kernel(x, x_rows, norm_w, eps, w, bias, out, accumulate):
-    linear(x, x_rows, norm_w, eps, w, bias, out, accumulate, cuda.blockIdx.x, cuda.gridDim.x)
+def linear_kernel(x, x_rows, norm_w, eps, w, bias, out, accumulate, tensor_cores):
+    linear(x, x_rows, norm_w, eps, w, bias, out, accumulate, tensor_cores, cuda.blockIdx.x,
+           cuda.gridDim.x)
 
 
 @cuda.jit
@@ -337,15 +397,28 @@ def tiled_matmul_kernel(x, x_rows, norm_w, eps, w, bias, out, accumulate):
     tiled_matmul(x, x_rows, norm_w, eps, w, bias, out, accumulate, cuda.blockIdx.x, cuda.gridDim.x)
 
 
-def linear_kernel_for(num_rows: int):
-    """The one-launch kernel a host launches for ``linear`` over ``num_rows`` rows (the layers
-    ``on_tensor_cores`` does not take): the same choice ``linear`` makes, made before the launch,
-    so that a decode GEMV is not compiled beside the FMA tile's shared arrays and registers."""
-    return gemv_kernel if num_rows <= GEMV_MAX_ROWS else tiled_matmul_kernel
+def launch_linear(x, x_rows, norm_w, eps, w, bias, out, accumulate, row_scale, stream,
+                  num_sms: int) -> None:
+    """out (R, O) (+)= rms_norm?(x[x_rows]) @ w.T + bias from the host, with the kernel
+    ``linear_path`` names (so that a decode GEMV is not compiled beside a tile's shared arrays
+    and registers). ``row_scale`` (>= R,) f32 scratch and ``num_sms`` serve the tensor-core tile."""
+    R, O = x_rows.shape[0], w.shape[0]
+    path = linear_path(R, w)
+    if path == "tc_tile":
+        launch_tc_linear(x, x_rows, norm_w, eps, w, bias, out, accumulate, row_scale, stream,
+                         num_sms)
+        return
+    kernel = {"gemv": gemv_kernel, "tc_decode": tc_decode_linear_kernel,
+              "fma_tile": tiled_matmul_kernel}[path]
+    kernel[grid_for(linear_work_items(R, O, path == "tc_decode")), THREADS, stream](
+        x, x_rows, norm_w, eps, w, bias, out, accumulate)
 
 
-def linear_work_items(num_rows: int, out_features: int) -> int:
-    """How many work items ``linear`` has (to size the grid): GEMV row groups, or FMA tiles."""
+def linear_work_items(num_rows: int, out_features: int, tensor_cores: bool = False) -> int:
+    """How many work items ``linear`` has (to size the grid): GEMV row groups, or for a batched
+    step ``matmul_tc_decode``'s column pairs x row groups (``tensor_cores``) or FMA tiles."""
     if num_rows <= GEMV_MAX_ROWS:
         return gemv_work_items(out_features)
+    if tensor_cores:
+        return tc_decode_items("linear", num_rows, out_features)
     return -(-num_rows // TILE) * -(-out_features // TILE)

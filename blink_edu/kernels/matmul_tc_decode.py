@@ -27,7 +27,7 @@ and the activations of rows ``g`` and ``g + 8`` at the same eight k the same way
 **The work.** A work item is a *pair of 8-column groups* of ``out`` (``NJ = 2`` n-tiles) for one
 *row group* of 16 tokens (``MT`` m-tiles). The four warps of the block split the item's k chunks
 (warp w takes chunks w, w + 4, ...), so a 576-wide row is walked in ~5 chunks a warp, each
-chunk's weights loaded while the previous chunk computes. At the end the warps add up their
+chunk's weights and activations loaded while the previous chunk computes. At the end the warps add up their
 accumulators in shared memory, one m-tile at a time (``RED_SHAPE``, 5 KB) — no atomics, the
 sums in a fixed order — and each thread of the block finishes one output *of both column groups
 at once*.
@@ -76,6 +76,7 @@ ACC_SHAPE = (MT, NJ, 4)  # a lane's accumulators: c0..c3 of every (m-tile, colum
 A_SHAPE = (MT, 2, 4)  # a lane's A words this chunk: (m-tile, row g | g + 8, p0..p3)
 B_SHAPE = (NJ, 4)  # a lane's B words: (column group, p0..p3)
 SQ_SHAPE = (MT, 2)  # a lane's sums of squares of rows g and g + 8 of each m-tile
+X_SHAPE = (MT, 2, VEC)  # a lane's activations of a chunk: (m-tile, row g | g + 8, 8 k)
 
 
 def column_groups(count: int, groups: int) -> int:
@@ -88,51 +89,64 @@ items_over = cuda.jit(device=True, inline=True)(column_groups)  # the same, in a
 
 
 @cuda.jit(device=True, inline=True)
-def load8_or_zeros(a, row, col, wide, vals):
-    """vals[0:8] = a[row, col:col + 8] as float32, zeros past a's last column or for ``row`` < 0.
-    ``wide``: one or two 16-byte loads (``loads.load8_at``); the caller guarantees that the eight
-    are then all inside or all outside."""
-    n = a.shape[1]
-    if row >= 0 and col < n:
-        if wide:
-            v0, v1, v2, v3, v4, v5, v6, v7 = load8_at(a, (row, col))
-            vals[0], vals[1], vals[2], vals[3] = v0, v1, v2, v3
-            vals[4], vals[5], vals[6], vals[7] = v4, v5, v6, v7
-        else:
-            for u in range(VEC):
-                vals[u] = float32(a[row, col + u]) if col + u < n else float32(0)
-    else:
-        for u in range(VEC):
-            vals[u] = 0
+def at_or_zero(a, row, col):
+    """a[row, col] as float32, 0 past a's last column."""
+    return float32(a[row, col]) if col < a.shape[1] else float32(0)
 
 
 @cuda.jit(device=True, inline=True)
-def load_b_words(w, rows, k, wide, b, vals):
+def load8_or_zeros(a, row, col, wide):
+    """a[row, col:col + 8] as eight float32, zeros past a's last column or for ``row`` < 0.
+    ``wide``: one or two 16-byte loads (``loads.load8_at``); the caller guarantees that the eight
+    are then all inside or all outside."""
+    if row >= 0 and col < a.shape[1]:
+        if wide:
+            return load8_at(a, (row, col))
+        return (at_or_zero(a, row, col), at_or_zero(a, row, col + 1),
+                at_or_zero(a, row, col + 2), at_or_zero(a, row, col + 3),
+                at_or_zero(a, row, col + 4), at_or_zero(a, row, col + 5),
+                at_or_zero(a, row, col + 6), at_or_zero(a, row, col + 7))
+    zero = float32(0)
+    return (zero, zero, zero, zero, zero, zero, zero, zero)
+
+
+@cuda.jit(device=True, inline=True)
+def load_b_words(w, rows, k, wide, b):
     """b (NJ, 4) = this lane's weights W[rows[j], k : k + 8] of each column group j, as four fp16
     pairs (p0..p3 of the module docstring); zeros for a row of -1."""
     for j in range(NJ):
-        load8_or_zeros(w, rows[j], k, wide, vals)
-        for p in range(4):
-            b[j, p] = pack_half2(vals[2 * p], vals[2 * p + 1])
+        v = load8_or_zeros(w, rows[j], k, wide)
+        b[j, 0], b[j, 1] = pack_half2(v[0], v[1]), pack_half2(v[2], v[3])
+        b[j, 2], b[j, 3] = pack_half2(v[4], v[5]), pack_half2(v[6], v[7])
 
 
 @cuda.jit(device=True, inline=True)
-def load_a_words(x, xrow, norm_w, k, wide, active, a, sq, vals, gvals):
-    """a (MT, 2, 4) = this lane's activations x[xrow[mi, h], k : k + 8] of each m-tile (rows g and
-    g + 8), times the norm weight, as fp16 pairs; their squares added to sq (MT, 2). Only the
-    ``active`` m-tiles (those with a token in them)."""
+def load_x(x, xrow, k, wide, active, xv):
+    """xv (MT, 2, 8) = this lane's activations x[xrow[mi, h], k : k + 8] of rows g and g + 8 of
+    each of the ``active`` m-tiles (those with a token in them), as float32."""
+    for mi in range(MT):
+        if mi < active:
+            for h in range(2):
+                (xv[mi, h, 0], xv[mi, h, 1], xv[mi, h, 2], xv[mi, h, 3], xv[mi, h, 4],
+                 xv[mi, h, 5], xv[mi, h, 6], xv[mi, h, 7]) = load8_or_zeros(x, xrow[mi, h], k,
+                                                                            wide)
+
+
+@cuda.jit(device=True, inline=True)
+def pack_a_words(xv, norm_w, k, active, a, sq, gvals):
+    """a (MT, 2, 4) = the activations xv times the norm weight, as fp16 pairs (p0..p3 of the
+    module docstring); their squares added to sq (MT, 2)."""
     use_norm = norm_w.shape[0] > 0
     for u in range(VEC):
         gvals[u] = norm_w[k + u] if use_norm and k + u < norm_w.shape[0] else float32(1)
     for mi in range(MT):
         if mi < active:
             for h in range(2):
-                load8_or_zeros(x, xrow[mi, h], k, wide, vals)
                 for u in range(VEC):
-                    sq[mi, h] += vals[u] * vals[u]
+                    sq[mi, h] += xv[mi, h, u] * xv[mi, h, u]
                 for p in range(4):
-                    a[mi, h, p] = pack_half2(vals[2 * p] * gvals[2 * p],
-                                             vals[2 * p + 1] * gvals[2 * p + 1])
+                    a[mi, h, p] = pack_half2(xv[mi, h, 2 * p] * gvals[2 * p],
+                                             xv[mi, h, 2 * p + 1] * gvals[2 * p + 1])
 
 
 @cuda.jit(device=True, inline=True)
@@ -177,9 +191,10 @@ def row_group_sums(x, x_rows, r0, norm_w, w, row_a, count_a, row_b, count_b, acc
     a = cuda.local.array(A_SHAPE, uint32)  # (MT, 2, 4)
     b = cuda.local.array(B_SHAPE, uint32)  # (NJ, 4) this chunk's weights
     b_next = cuda.local.array(B_SHAPE, uint32)  # (NJ, 4) and the next chunk's, already loading
+    xv = cuda.local.array(X_SHAPE, float32)  # (MT, 2, 8) this chunk's activations
+    xv_next = cuda.local.array(X_SHAPE, float32)  # (MT, 2, 8) and the next chunk's
     xrow = cuda.local.array(SQ_SHAPE, int32)  # (MT, 2) x row of rows g, g + 8; -1 past R
     wrows = cuda.local.array(NJ, int32)  # (NJ,) this lane's weight row in each group
-    vals = cuda.local.array(VEC, float32)
     gvals = cuda.local.array(VEC, float32)
     for mi in range(MT):
         for h in range(2):
@@ -193,15 +208,21 @@ def row_group_sums(x, x_rows, r0, norm_w, w, row_a, count_a, row_b, count_b, acc
     wrows[1] = row_b + g if g < count_b else -1
     n_chunks = (I + CHUNK - 1) // CHUNK
     if warp < n_chunks:
-        load_b_words(w, wrows, warp * CHUNK + VEC * t, wide, b_next, vals)
+        load_b_words(w, wrows, warp * CHUNK + VEC * t, wide, b_next)
+        load_x(x, xrow, warp * CHUNK + VEC * t, wide, active, xv_next)
     for c in range(warp, n_chunks, WARPS):
         k = c * CHUNK + VEC * t  # this lane's eight k of the chunk
         for j in range(NJ):
             for p in range(4):
                 b[j, p] = b_next[j, p]
-        if c + WARPS < n_chunks:  # the next chunk's weights, from HBM, while this one computes
-            load_b_words(w, wrows, k + WARPS * CHUNK, wide, b_next, vals)
-        load_a_words(x, xrow, norm_w, k, wide, active, a, sq, vals, gvals)
+        for mi in range(MT):
+            for h in range(2):
+                for u in range(VEC):
+                    xv[mi, h, u] = xv_next[mi, h, u]
+        if c + WARPS < n_chunks:  # the next chunk's operands load while this one computes
+            load_b_words(w, wrows, k + WARPS * CHUNK, wide, b_next)
+            load_x(x, xrow, k + WARPS * CHUNK, wide, active, xv_next)
+        pack_a_words(xv, norm_w, k, active, a, sq, gvals)
         mma_chunk(a, b, acc, active)
 
 

@@ -4,12 +4,14 @@ with, the token buckets. (The ops themselves run against the reference in test_p
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
 from blink_edu.config import ModelConfig
 from blink_edu.executors import forward_ops as fo
 from blink_edu.executors.graph_dispatch import token_buckets
-from blink_edu.kernels.linear import linear_work_items
+from blink_edu.kernels.linear import (FUSED_GEMV_MAX_ROWS, GEMV_MAX_ROWS, TC_DECODE_MAX_ROWS,
+                                      linear_path, linear_work_items)
 
 
 @pytest.mark.parametrize("num_layers", [1, 2, 8])
@@ -44,10 +46,24 @@ def test_token_buckets_cover_every_step_size(budget, expected):
         assert any(b >= t for b in buckets)
 
 
-def test_rope_and_swiglu_ride_in_their_gemvs_in_the_smallest_steps_only():
+@pytest.mark.parametrize("tensor_cores", [False, True])
+def test_rope_and_swiglu_ride_in_the_projection_at_batch_1_and_on_tensor_cores(tensor_cores):
     all_ops = range(fo.SAMPLE + 1)
-    assert {op for op in all_ops if fo.fused_into_gemv(op, 1)} == {fo.ROPE_KV, fo.SWIGLU}
-    assert {op for op in all_ops
-            if fo.fused_into_gemv(op, fo.FUSED_GEMV_MAX_ROWS)} == {fo.ROPE_KV, fo.SWIGLU}
-    assert not any(fo.fused_into_gemv(op, fo.FUSED_GEMV_MAX_ROWS + 1) for op in all_ops)
-    assert fo.FUSED_GEMV_MAX_ROWS <= fo.GEMV_MAX_ROWS  # the fused kernels are GEMVs
+
+    def fused(T):
+        return {op for op in all_ops if fo.fused_into_linear(op, T, tensor_cores)}
+
+    assert fused(1) == fused(FUSED_GEMV_MAX_ROWS) == {fo.ROPE_KV, fo.SWIGLU}
+    assert fused(FUSED_GEMV_MAX_ROWS + 1) == fused(GEMV_MAX_ROWS) == set()  # the plain GEMV
+    batched = {GEMV_MAX_ROWS + 1, 64, TC_DECODE_MAX_ROWS}  # matmul_tc_decode on tensor cores
+    assert all(fused(T) == ({fo.ROPE_KV, fo.SWIGLU} if tensor_cores else set()) for T in batched)
+    assert fused(TC_DECODE_MAX_ROWS + 1) == set()  # a prompt chunk: matmul_tc's tile
+
+
+def test_linear_path_is_chosen_from_the_rows_and_the_weights():
+    f16, f32 = np.zeros((4, 6), np.float16), np.zeros((4, 6), np.float32)
+    assert linear_path(1, f16) == linear_path(GEMV_MAX_ROWS, f32) == "gemv"
+    assert linear_path(GEMV_MAX_ROWS + 1, f16) == linear_path(TC_DECODE_MAX_ROWS, f16) == "tc_decode"
+    assert linear_path(TC_DECODE_MAX_ROWS + 1, f16) == "tc_tile"
+    assert linear_path(TC_DECODE_MAX_ROWS + 1, np.zeros((4, 7), np.float16)) == "tc_decode"  # odd I
+    assert linear_path(GEMV_MAX_ROWS + 1, f32) == linear_path(512, f32) == "fma_tile"

@@ -8,7 +8,8 @@ import pytest
 from blink_edu.config import ModelConfig, SamplingParams
 from blink_edu.kernels.attention import paged_attention_kernel
 from blink_edu.kernels.elementwise import embed_tokens_kernel, swiglu_kernel
-from blink_edu.kernels.linear import GEMV_MAX_ROWS, linear_kernel, linear_work_items
+from blink_edu.kernels.linear import (GEMV_MAX_ROWS, linear_kernel, linear_work_items,
+                                      uses_tensor_cores)
 from blink_edu.kernels.reduce import THREADS, block_exclusive_sum, cuda, grid_for
 from blink_edu.kernels.rope import rope_and_write_kv_kernel
 from blink_edu.executors.step import pack_adjustments
@@ -48,7 +49,8 @@ def ragged_batch(rng, n_seqs, block_size, num_blocks, max_len):
     return np.array(positions, np.int32), np.array(rows, np.int32), tables
 
 
-@pytest.mark.parametrize("rows", [1, 3, GEMV_MAX_ROWS + 5])  # GEMV and tiled paths
+@pytest.mark.parametrize("rows", [1, 3, GEMV_MAX_ROWS + 5])  # GEMV and batched paths
+# float16 weights on tensor cores (matmul_tc_decode) past the GEMV, float32 on the FMA tile
 @pytest.mark.parametrize("wdtype,tol", [(np.float32, 1e-4), (np.float16, 1e-2)])
 @pytest.mark.parametrize("fused", ["plain", "norm+bias+residual"])
 @pytest.mark.parametrize("width", ["any", "wide"])  # wide: I % 8 == 0, the 16-byte-load path
@@ -65,8 +67,10 @@ def test_linear_matches_reference(rng, rows, wdtype, tol, fused, width):
     h = ref.rms_norm(x[x_rows], g, 1e-5) if fuse else x[x_rows]
     expected = ref.linear(h, w.astype(np.float32), b if fuse else None) + (residual if fuse else 0)
     out = dev(residual)
-    linear_kernel[grid_for(linear_work_items(rows, O)), THREADS](
-        dev(x), dev(x_rows), dev(g), np.float32(1e-5), dev(w), dev(b), out, int(fuse))
+    tensor_cores = uses_tensor_cores(wdtype)
+    linear_kernel[grid_for(linear_work_items(rows, O, tensor_cores)), THREADS](
+        dev(x), dev(x_rows), dev(g), np.float32(1e-5), dev(w), dev(b), out, int(fuse),
+        tensor_cores)
     assert rel_err(out.copy_to_host(), expected) < (1e-4 if wdtype == np.float32 else tol)
 
 
