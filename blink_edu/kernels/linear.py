@@ -15,11 +15,14 @@ number of rows (``linear``) and the weights (``on_tensor_cores``), the same way 
   second token the row is read again, from the L1 cache, where the first one left it.)
 * **Tensor cores for a decode batch** (``GEMV_MAX_ROWS < R <= TC_DECODE_MAX_ROWS``, float16
   weights): ``matmul_tc_decode.py`` — weights streamed from memory straight into ``mma``
-  fragments, a GEMV with tensor-core math, RoPE or SwiGLU in its epilogue as at batch 1. Every
-  executor takes it; the persistent kernel's forward takes it for *every* batched step (it has
-  5 KB of shared memory, where the tile below needs 37 KB).
+  fragments, a GEMV with tensor-core math, with RoPE + the KV write or SwiGLU in its epilogue
+  as at batch 1. The eager and graph executors take it for the qkv and gate/up projections;
+  the persistent kernel's forward for *every* linear layer of a batched step (it needs 5 KB of
+  shared memory, where the tile below needs 37 KB, and every op of the persistent kernel
+  shares one static allocation).
 * **Tensor-core tile** (more rows, float16 weights): ``matmul_tc.py``'s shared-memory
-  ``mma.sync`` tile, for prompt chunks, launched by the eager and graph executors.
+  ``mma.sync`` tile with split-K, for the other layers of a batched step and for prompt
+  chunks, launched by the eager and graph executors.
 * **FMA tile** (more rows, float32 weights, or an odd ``I``): the block loads a
   ``TILE x TILE`` tile of inputs and one of weights into shared memory and each thread
   accumulates several outputs from them, so every weight loaded serves ``TILE`` tokens.
@@ -38,7 +41,7 @@ Fusions save whole kernels and round trips through memory:
   rotation pair), or rows ``j`` and ``F + j`` of gate/up — so it rotates q and k and writes k
   and v to the paged pool, or applies SwiGLU, itself. Two launches (or grid barriers) a layer
   fewer (``executors/forward_ops.py`` skips the RoPE and SwiGLU ops then: ``fuses_next_op``).
-  A GEMV of 2 to 8 tokens keeps them apart (``FUSED_GEMV_MAX_ROWS``: measured, a fused warp's
+  A GEMV of 2 tokens keeps them apart (``FUSED_GEMV_MAX_ROWS``: measured, a fused warp's
   two rows cost more than the launch they save once there are several tokens), and so does
   the shared-memory tile, whose outputs are not paired.
 
@@ -63,7 +66,10 @@ from .matmul_tc_decode import (tc_decode_items, tc_decode_linear, tc_decode_line
 from .reduce import THREADS, cuda, grid_for, warp_sum
 from .rope import place_pair
 
-GEMV_MAX_ROWS = 8  # decode batches up to this many tokens take the GEMV path
+# Decode batches up to this many tokens take the GEMV path. Measured on the H200 (the 135M
+# shapes, ``tools/tc_matmul_probe.py``): the GEMV's time grows with every token (it reads each
+# weight once a token, from L1 after the first); at 4 tokens the tensor-core kernels are faster.
+GEMV_MAX_ROWS = 2
 # Steps of up to this many tokens run gemv_qkv_rope and gemv_swiglu (the next op in the GEMV's
 # epilogue). Their warp computes two rows, one token after the other, where the plain GEMV gives
 # each row a warp: on the H200 (bench.decode at db4e630) the fused step at batch 1 was as fast as
@@ -321,17 +327,20 @@ def uses_tensor_cores(weight_dtype) -> bool:
 
 
 def linear_path(num_rows: int, w) -> str:
-    """Which kernel a linear layer over ``num_rows`` rows of weights ``w`` takes when a host
-    launches it (eager, graph): "gemv", "tc_decode" (``matmul_tc_decode``), "tc_tile"
-    (``matmul_tc``, weights of an even width) or "fma_tile". The one place this is decided; the
-    persistent kernel's ``linear`` makes the same choice but for "tc_tile" (see the docstring)."""
+    """Which kernel a plain linear layer (o, down, the LM head; qkv and gate/up when nothing is
+    fused) over ``num_rows`` rows of weights ``w`` takes when a host launches it (eager, graph):
+    "gemv", "tc_tile" (``matmul_tc``), "tc_decode" (``matmul_tc_decode``, only for an odd
+    ``I``, which the tile cannot read) or "fma_tile". Measured on the H200
+    (``tc_matmul_probe_h200_*.json``): from 4 tokens up the tile's split-K beats both the GEMV
+    and ``matmul_tc_decode`` on these layers; what ``matmul_tc_decode`` wins is the qkv and
+    gate/up projections *with* RoPE and SwiGLU in their epilogue (``fuses_next_op``). The one
+    place this is decided; the persistent kernel's ``linear`` takes ``matmul_tc_decode`` instead
+    of the tile (shared memory)."""
     if num_rows <= GEMV_MAX_ROWS:
         return "gemv"
     if not uses_tensor_cores(w.dtype):
         return "fma_tile"
-    if num_rows <= TC_DECODE_MAX_ROWS or w.shape[1] % 2:
-        return "tc_decode"
-    return "tc_tile"
+    return "tc_decode" if w.shape[1] % 2 else "tc_tile"
 
 
 def fuses_next_op(num_rows: int, tensor_cores: bool) -> bool:

@@ -63,7 +63,6 @@ def test_rope_and_swiglu_ride_in_the_projection_at_batch_1_and_on_tensor_cores(t
 def test_linear_path_is_chosen_from_the_rows_and_the_weights():
     f16, f32 = np.zeros((4, 6), np.float16), np.zeros((4, 6), np.float32)
     assert linear_path(1, f16) == linear_path(GEMV_MAX_ROWS, f32) == "gemv"
-    assert linear_path(GEMV_MAX_ROWS + 1, f16) == linear_path(TC_DECODE_MAX_ROWS, f16) == "tc_decode"
-    assert linear_path(TC_DECODE_MAX_ROWS + 1, f16) == "tc_tile"
-    assert linear_path(TC_DECODE_MAX_ROWS + 1, np.zeros((4, 7), np.float16)) == "tc_decode"  # odd I
+    assert linear_path(GEMV_MAX_ROWS + 1, f16) == linear_path(512, f16) == "tc_tile"
+    assert linear_path(GEMV_MAX_ROWS + 1, np.zeros((4, 7), np.float16)) == "tc_decode"  # odd I
     assert linear_path(GEMV_MAX_ROWS + 1, f32) == linear_path(512, f32) == "fma_tile"
