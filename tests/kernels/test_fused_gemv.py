@@ -48,17 +48,16 @@ def test_gate_up_gemv_with_swiglu(rng, rows, wdtype, tol, width, norm_bias):
     assert rel_err(act.copy_to_host(), expected) < tol
 
 
-# 1, 2, 3 and 4 query heads per KV head; a head dim that is a multiple of 8 (wide loads) and not
-@pytest.mark.parametrize("heads,kv_heads,head_dim", [(2, 2, 16), (4, 2, 16), (6, 2, 12),
-                                                      (4, 1, 8)])
-@pytest.mark.parametrize("wdtype,tol", [(np.float32, 1e-5), (np.float16, 1e-2)])
-@pytest.mark.parametrize("norm_bias", [False, True])
-def test_qkv_gemv_with_rope_and_kv_write(rng, heads, kv_heads, head_dim, wdtype, tol, norm_bias):
+def check_qkv_with_rope(rng, launch, heads, kv_heads, head_dim, wdtype, tol, norm_bias, n_seqs,
+                        D):
+    """A qkv projection with RoPE and the KV write in its epilogue against the reference, on a
+    ragged batch of ``n_seqs`` sequences (1..3 new tokens each) and hidden size D. ``launch(T,
+    heads, E, args)`` runs the kernel under test over T tokens of ``heads`` = H + 2K heads of E
+    on ``args`` (``gemv_qkv_rope``'s arguments)."""
     cfg = tiny_config(rng, heads=heads, kv_heads=kv_heads, head_dim=head_dim)
-    H, K, E, B, N = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, 4, 12
-    positions, seq_rows, tables = ragged_batch(rng, 2, B, N, 20)  # 1..3 new tokens a sequence
-    T = len(positions)  # a decode batch of up to GEMV_MAX_ROWS tokens, each its own x row
-    D = int(rng.integers(3, 7)) * 8 + (0 if head_dim % 8 == 0 else 3)
+    H, K, E, B, N = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, 4, 6 * n_seqs
+    positions, seq_rows, tables = ragged_batch(rng, n_seqs, B, N, 20)
+    T = len(positions)  # each token its own x row
     x = rng.standard_normal((T, D)).astype(np.float32)
     w = (rng.standard_normal(((H + 2 * K) * E, D)) / np.sqrt(D)).astype(wdtype)
     g, b = norm_and_bias(rng, D, w.shape[0], norm_bias)
@@ -72,13 +71,25 @@ def test_qkv_gemv_with_rope_and_kv_write(rng, heads, kv_heads, head_dim, wdtype,
                  positions % B)
     cos, sin = ref.rope_tables(cfg, np.arange(64))
     qkv_d, pool_d = dev(np.full((T, w.shape[0]), np.nan, np.float32)), dev(pool)
-    pairs = (H + 2 * K) * E // 2
-    gemv_qkv_rope_kernel[grid_for(gemv_work_items(pairs)), THREADS](
-        dev(x), dev(np.arange(T, dtype=np.int32)), dev(g), EPS, dev(w), dev(b), qkv_d,
-        dev(positions), dev(seq_rows), dev(tables), dev(cos), dev(sin), pool_d, layer, H, K)
+    launch(T, H + 2 * K, E, (dev(x), dev(np.arange(T, dtype=np.int32)), dev(g), EPS, dev(w),
+                             dev(b), qkv_d, dev(positions), dev(seq_rows), dev(tables), dev(cos),
+                             dev(sin), pool_d, layer, H, K))
     assert rel_err(qkv_d.copy_to_host()[:, :H * E].reshape(T, H, E), q_ref) < tol
     got = pool_d.copy_to_host()
     assert rel_err(got, pool_ref) < tol
     untouched = np.ones(N, bool)
     untouched[tables[seq_rows, positions // B]] = False  # only this step's slots may change
     np.testing.assert_array_equal(got[untouched], pool[untouched])
+
+
+# 1, 2, 3 and 4 query heads per KV head; a head dim that is a multiple of 8 (wide loads) and not
+@pytest.mark.parametrize("heads,kv_heads,head_dim", [(2, 2, 16), (4, 2, 16), (6, 2, 12),
+                                                      (4, 1, 8)])
+@pytest.mark.parametrize("wdtype,tol", [(np.float32, 1e-5), (np.float16, 1e-2)])
+@pytest.mark.parametrize("norm_bias", [False, True])
+def test_qkv_gemv_with_rope_and_kv_write(rng, heads, kv_heads, head_dim, wdtype, tol, norm_bias):
+    def launch(T, heads, E, args):
+        gemv_qkv_rope_kernel[grid_for(gemv_work_items(heads * E // 2)), THREADS](*args)
+
+    D = int(rng.integers(3, 7)) * 8 + (0 if head_dim % 8 == 0 else 3)
+    check_qkv_with_rope(rng, launch, heads, kv_heads, head_dim, wdtype, tol, norm_bias, 2, D)

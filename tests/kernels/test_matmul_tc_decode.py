@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from test_fused_gemv import EPS, norm_and_bias, projected
-from test_ops import dev, ragged_batch, rel_err, tiny_config
+from test_fused_gemv import EPS, check_qkv_with_rope, norm_and_bias, projected
+from test_ops import dev, rel_err
 
 from blink_edu.kernels.matmul_tc_decode import (
     ROWS, tc_decode_items, tc_decode_linear_kernel, tc_decode_qkv_rope_kernel,
@@ -67,30 +67,10 @@ def test_gate_up_with_swiglu(rng, R, I, F, norm_bias):
 @pytest.mark.parametrize("heads,kv_heads,head_dim,norm_bias", [
     (2, 2, 16, True), (4, 2, 12, False), (6, 2, 24, True), (4, 1, 16, True)])
 def test_qkv_with_rope_and_kv_write(rng, heads, kv_heads, head_dim, norm_bias):
-    cfg = tiny_config(rng, heads=heads, kv_heads=kv_heads, head_dim=head_dim)
-    H, K, E, B, N = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, 4, 24
-    positions, seq_rows, tables = ragged_batch(rng, 5, B, N, 20)
-    T = len(positions)
+    def launch(T, heads, E, args):
+        tc_decode_qkv_rope_kernel[grid_for(tc_decode_items("qkv_rope", T, heads, E // 2)),
+                                  THREADS](*args)
+
     D = int(rng.integers(3, 7)) * 8
-    x = rng.standard_normal((T, D)).astype(np.float32)
-    w = (rng.standard_normal(((H + 2 * K) * E, D)) / np.sqrt(D)).astype(np.float16)
-    g, b = norm_and_bias(rng, D, w.shape[0], norm_bias)
-    q, k, v = np.split(projected(x, g, w, b), [H * E, (H + K) * E], axis=1)
-    q_ref = ref.apply_rope(q.reshape(T, H, E), *ref.rope_tables(cfg, positions))
-    k_ref = ref.apply_rope(k.reshape(T, K, E), *ref.rope_tables(cfg, positions))
-    pool = rng.standard_normal((N, 2, 2, B, K, E)).astype(np.float32)
-    pool_ref = pool.copy()
-    layer = int(rng.integers(2))
-    ref.write_kv(pool_ref, layer, k_ref, v.reshape(T, K, E), tables[seq_rows, positions // B],
-                 positions % B)
-    cos, sin = ref.rope_tables(cfg, np.arange(64))
-    qkv_d, pool_d = dev(np.full((T, w.shape[0]), np.nan, np.float32)), dev(pool)
-    tc_decode_qkv_rope_kernel[grid_for(tc_decode_items("qkv_rope", T, H + 2 * K, E // 2)), THREADS](
-        dev(x), dev(np.arange(T, dtype=np.int32)), dev(g), EPS, dev(w), dev(b), qkv_d,
-        dev(positions), dev(seq_rows), dev(tables), dev(cos), dev(sin), pool_d, layer, H, K)
-    assert rel_err(qkv_d.copy_to_host()[:, :H * E].reshape(T, H, E), q_ref) < FP16_TOL
-    got = pool_d.copy_to_host()
-    assert rel_err(got, pool_ref) < FP16_TOL
-    untouched = np.ones(N, bool)
-    untouched[tables[seq_rows, positions // B]] = False  # only this step's slots may change
-    np.testing.assert_array_equal(got[untouched], pool[untouched])
+    check_qkv_with_rope(rng, launch, heads, kv_heads, head_dim, np.float16, FP16_TOL, norm_bias, 5,
+                        D)
