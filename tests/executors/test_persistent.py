@@ -12,6 +12,7 @@ from __future__ import annotations
 import threading
 from contextlib import contextmanager
 
+import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -20,8 +21,10 @@ from blink_edu.config import EngineConfig, SamplingParams
 from blink_edu.executors import persistent_kernel as pk
 from blink_edu.executors.persistent import PersistentExecutor
 from blink_edu.model import reference
+from blink_edu.kv.pool import allocate_kv_pool
 from blink_edu.model.micro import micro_weights
 from blink_edu.ring import EMPTY, Ring, RingClient, RingLayout
+from test_tensor_core_steps import as_float32
 
 LAYOUT = RingLayout(num_slots=8, max_prompt_tokens=16, max_output_tokens=6)
 # 2 lanes and a budget of 8 tokens: an 11-token prompt is prefilled in two chunks, and a third
@@ -39,9 +42,10 @@ DISPATCHERS = ["inline", pytest.param("graph", marks=pytest.mark.gpu)]
 
 
 @contextmanager
-def running(weights, eos=(), dispatch="inline"):
+def running(weights, eos=(), dispatch="inline", weight_dtype=np.float32):
     ring = Ring(bytearray(LAYOUT.nbytes), LAYOUT)
-    executor = PersistentExecutor(weights, CONFIG, ring, eos_token_ids=eos, dispatch=dispatch)
+    executor = PersistentExecutor(weights, CONFIG, ring, eos_token_ids=eos, dispatch=dispatch,
+                                  weight_dtype=weight_dtype)
     executor.start()
     try:
         yield ring, RingClient(ring), executor
@@ -71,6 +75,42 @@ def test_greedy_and_seeded_tokens_equal_the_reference(weights, rng, dispatch):
         assert [done[s] for s in slots] == [(e, "length") for e in expected]
         assert executor.stats()["claimed"] == 3
         assert_all_free(ring, executor)
+
+
+def prompt_logits(weights, prompt):
+    """The reference's (V,) logits after ``prompt``, on a KV pool of its own."""
+    T, B = len(prompt), CONFIG.block_size
+    pool = allocate_kv_pool(weights.config, -(-T // B), B)
+    i32 = np.int32
+    return reference.forward(weights, pool, np.asarray(prompt, i32), np.arange(T, dtype=i32),
+                             np.zeros(T, i32), np.arange(-(-T // B), dtype=i32)[None],
+                             np.array([T - 1], i32))[0]
+
+
+@pytest.mark.parametrize("dispatch", DISPATCHERS)
+def test_fp16_prompt_chunks_on_tensor_cores_pick_the_reference_tokens(rng, dispatch):
+    """Float16 weights: the prompt chunks (3 to 8 tokens a step) run every linear layer on
+    ``matmul_tc_decode`` inside the kernel, RoPE and SwiGLU fused. The first token of each
+    request is the reference's argmax on the same fp16 weights wherever its lead over the
+    runner-up is beyond what fp16 activations can move (MARGIN); a near-tie decides nothing."""
+    MARGIN = 0.05
+    weights16 = micro_weights(seed=int(rng.integers(1000)), dtype=np.float16,
+                              num_attention_heads=4, num_key_value_heads=2)
+    prompts = [rng.integers(3, 64, size=n).tolist() for n in (11, 3, 6, 9)]
+    logits = [prompt_logits(as_float32(weights16), p) for p in prompts]  # (V,) each
+    one = SamplingParams(temperature=0, max_tokens=1, ignore_eos=True)
+    with running(weights16, dispatch=dispatch, weight_dtype=np.float16) as (ring, client, executor):
+        assert executor.model.tensor_cores
+        slots = [client.submit(p, one, request_id=i) for i, p in enumerate(prompts)]
+        done = client.collect(slots, TIMEOUT_S)
+        assert_all_free(ring, executor)
+    decided = 0
+    for slot, lg in zip(slots, logits):
+        runner_up, best = np.sort(lg)[-2:]
+        if best - runner_up > MARGIN:
+            assert done[slot] == ([int(np.argmax(lg))], "length")
+            decided += 1
+    assert decided >= 1, "every request was a near-tie: nothing checked"
 
 
 @pytest.mark.parametrize("dispatch", DISPATCHERS)
