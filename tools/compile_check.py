@@ -59,7 +59,7 @@ def kernels():
     lin = lambda w: (arr(F32, 2), arr(I32, 1), arr(F32, 1), F32, arr(w, 2), arr(F32, 1),  # noqa: E731
                      arr(F32, 2), types.int64)
     return [
-        ("linear_fp16", linear.linear_kernel.py_func, lin(F16)),
+        ("linear_fp16", linear.linear_kernel.py_func, lin(F16) + (types.boolean,)),
         ("gemv_fp16", linear.gemv_kernel.py_func, lin(F16)),
         ("tiled_matmul_fp16", linear.tiled_matmul_kernel.py_func, lin(F16)),
         ("tc_prologue", matmul_tc.tc_prologue_kernel.py_func,
@@ -73,7 +73,7 @@ def kernels():
         ("tc_decode_qkv_rope", matmul_tc_decode.tc_decode_qkv_rope_kernel.py_func,
          lin(F16)[:-1] + (arr(I32, 1), arr(I32, 1), arr(I32, 2), arr(F32, 2), arr(F32, 2),
                           arr(F32, 6), types.int64, types.int64, types.int64)),
-        ("linear_fp32", linear.linear_kernel.py_func, lin(F32)),
+        ("linear_fp32", linear.linear_kernel.py_func, lin(F32) + (types.boolean,)),
         ("gemv_swiglu_fp16", linear.gemv_swiglu_kernel.py_func, lin(F16)[:-1]),
         ("gemv_qkv_rope_fp16", linear.gemv_qkv_rope_kernel.py_func,
          lin(F16)[:-1] + (arr(I32, 1), arr(I32, 1), arr(I32, 2), arr(F32, 2), arr(F32, 2),
