@@ -36,13 +36,19 @@ def results_dir(out: str | Path | None = None) -> Path:
 
 
 def commit() -> str:
-    """The commit being measured: $BLINK_EDU_COMMIT (set where no .git travels), else git's."""
+    """The commit being measured: $BLINK_EDU_COMMIT (set where no .git travels, or where the .git
+    that travels is not the tree's: a copied working tree), else git's HEAD, with "-dirty" when
+    the tracked files differ from it — a result measured on uncommitted code says so."""
     if os.environ.get("BLINK_EDU_COMMIT"):
         return os.environ["BLINK_EDU_COMMIT"]
+    here = Path(__file__).resolve().parent
     try:
-        out = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True,
-                             cwd=Path(__file__).resolve().parent, timeout=10)
-        return out.stdout.strip() or "unknown"
+        head = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True,
+                              cwd=here, timeout=10).stdout.strip()
+        if not head:
+            return "unknown"
+        changed = subprocess.run(["git", "diff", "--quiet", "HEAD"], cwd=here, timeout=30)
+        return head + ("-dirty" if changed.returncode == 1 else "")
     except (OSError, subprocess.SubprocessError):
         return "unknown"
 

@@ -55,3 +55,28 @@ def test_a_sim_merge_keeps_the_real_sections_machine_and_commit(tmp_path, monkey
     again = json.loads((tmp_path / "slo.json").read_text())
     assert again["sections"]["real"] == real
     assert again["sections"]["sim"]["commit"] == again["commit"] == "beef-next-run"
+
+
+def test_the_commit_says_when_the_tree_differs_from_it(monkeypatch):
+    import subprocess
+    from types import SimpleNamespace
+
+    from blink_edu.bench import results
+
+    monkeypatch.delenv("BLINK_EDU_COMMIT", raising=False)
+    calls = []
+
+    def fake_run(args, **kwargs):
+        calls.append(args[:2])
+        if args[1] == "rev-parse":
+            return SimpleNamespace(stdout="abc1234\n", returncode=0)
+        return SimpleNamespace(stdout="", returncode=diff_rc)
+
+    monkeypatch.setattr(subprocess, "run", fake_run)
+    diff_rc = 1  # git diff --quiet HEAD: the tracked files differ
+    assert results.commit() == "abc1234-dirty"
+    diff_rc = 0
+    assert results.commit() == "abc1234"
+    monkeypatch.setenv("BLINK_EDU_COMMIT", "7750320")
+    assert results.commit() == "7750320"
+    assert calls == [["git", "rev-parse"], ["git", "diff"]] * 2
