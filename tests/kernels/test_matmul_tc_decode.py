@@ -74,3 +74,36 @@ def test_qkv_with_rope_and_kv_write(rng, heads, kv_heads, head_dim, norm_bias):
     D = int(rng.integers(3, 7)) * 8
     check_qkv_with_rope(rng, launch, heads, kv_heads, head_dim, np.float16, FP16_TOL, norm_bias, 5,
                         D)
+
+
+# The 135M model's shapes: hidden 576, intermediate 1536, 9 query and 3 KV heads of 64.
+@pytest.mark.gpu
+@pytest.mark.parametrize("R", [3, 8, 64, 77, 128])
+@pytest.mark.parametrize("O,I", [(960, 576), (576, 576), (576, 1536), (49152, 576)])
+def test_linear_at_the_135m_shapes_on_the_gpu(rng, R, O, I):
+    """The real ``mma.sync`` fed straight from memory, 16-byte loads, four warps a block."""
+    x, x_rows, w = operands(rng, R, I, O)
+    g, b = norm_and_bias(rng, I, O, True)
+    start = rng.standard_normal((R, O)).astype(np.float32)
+    out = dev(start)
+    tc_decode_linear_kernel[grid_for(tc_decode_items("linear", R, O)), THREADS](
+        dev(x), dev(x_rows), dev(g), EPS, dev(w), dev(b), out, 1)
+    assert rel_err(out.copy_to_host() - start, projected(x[x_rows], g, w, b)) < FP16_TOL
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("R", [3, 64, 128])
+def test_fused_kernels_at_the_135m_shapes_on_the_gpu(rng, R):
+    x, x_rows, w = operands(rng, R, 576, 2 * 1536)
+    g, b = norm_and_bias(rng, 576, 2 * 1536, False)
+    gate_up = projected(x[x_rows], g, w, b)
+    act = dev(np.full((R, 1536), np.nan, np.float32))
+    tc_decode_swiglu_kernel[grid_for(tc_decode_items("swiglu", R, 1536)), THREADS](
+        dev(x), dev(x_rows), dev(g), EPS, dev(w), dev(b), act)
+    assert rel_err(act.copy_to_host(), ref.silu(gate_up[:, :1536]) * gate_up[:, 1536:]) < FP16_TOL
+
+    def launch(T, heads, E, args):
+        tc_decode_qkv_rope_kernel[grid_for(tc_decode_items("qkv_rope", T, heads, E // 2)),
+                                  THREADS](*args)
+
+    check_qkv_with_rope(rng, launch, 9, 3, 64, np.float16, FP16_TOL, True, R // 2 + 1, 576)
