@@ -13,8 +13,15 @@ captured into one CuPy graph and the graph is replayed ``--runs`` times between 
 (the ~0.5 µs a graph node costs is included). Beside it, the same for the FMA tile (``tiled_matmul``),
 and cuBLAS (CuPy fp16 ``matmul``, which cannot be captured: it is timed queued behind a kernel that
 holds the stream, so that only GPU time is counted). ``--bk`` sets the tile's k step before it is
-compiled (one value a process: run the script once per value to compare). Prints one table,
-and with ``--json`` writes it with the machine and the commit.
+compiled (one value a process: run the script once per value to compare). Beside them,
+``matmul_tc_decode``'s linear kernel and, up to ``--gemv-max`` tokens, the GEMV; for gate/up,
+the tile followed by ``swiglu_kernel`` against ``tc_decode_swiglu`` (SwiGLU in its epilogue).
+
+The timed launches cycle through ``--weight-copies`` copies of each weight matrix (30 by default,
+as a decode step streams its 30 layers): one matrix replayed again and again sits in the H200's
+50 MB L2 cache and flatters every kernel, which is how a probe at 732a3be predicted a faster
+batch-64 step than the step measured. Prints one table, and with ``--json`` writes it with the
+machine and the commit (pass ``BLINK_EDU_COMMIT`` on a machine whose tree is a copy).
 """
 
 from __future__ import annotations
@@ -30,7 +37,9 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from blink_edu.backend import get_backend  # noqa: E402
 from blink_edu.kernels.linear import gemv_kernel, gemv_work_items, linear_work_items, tiled_matmul  # noqa: E402
-from blink_edu.kernels.matmul_tc_decode import tc_decode_items, tc_decode_linear_kernel  # noqa: E402
+from blink_edu.kernels.elementwise import elementwise_items, swiglu_kernel  # noqa: E402
+from blink_edu.kernels.matmul_tc_decode import (  # noqa: E402
+    tc_decode_items, tc_decode_linear_kernel, tc_decode_swiglu_kernel)
 from blink_edu.kernels import matmul_tc, matmul_tc_decode  # noqa: E402
 from blink_edu.kernels.matmul_tc import (  # noqa: E402
     QUAD, launch_tc_linear, require_tc_operands, tc_steps_per_split, tile_geometry)
@@ -71,16 +80,17 @@ def operands(rng, R, O, I, norm, residual):
 
 
 def time_in_graph(launch, replays: int, runs: int) -> float:
-    """Microseconds per launch: ``replays`` launches captured into a graph, replayed ``runs`` times."""
+    """Microseconds per launch: ``replays`` launches captured into a graph, replayed ``runs`` times.
+    ``launch(stream, i)`` is the i-th launch (it picks its weight copy from i)."""
     import cupy as cp
 
     stream = cp.cuda.Stream(non_blocking=True)
     on_stream = cuda.external_stream(stream.ptr)
-    launch(on_stream)  # compile outside the capture
+    launch(on_stream, 0)  # compile outside the capture
     stream.synchronize()
     stream.begin_capture()
-    for _ in range(replays):
-        launch(on_stream)
+    for i in range(replays):
+        launch(on_stream, i)
     graph = stream.end_capture()
     graph.launch(stream)
     start, end = cp.cuda.Event(), cp.cuda.Event()
@@ -92,31 +102,57 @@ def time_in_graph(launch, replays: int, runs: int) -> float:
     return cp.cuda.get_elapsed_time(start, end) * 1e3 / (replays * runs)
 
 
-def time_cublas(R: int, O: int, I: int, repeats: int) -> float:
-    """Microseconds per fp16 cuBLAS matmul (R, I) @ (I, O), GPU time only."""
+def time_cublas(R: int, O: int, I: int, repeats: int, copies: int) -> float:
+    """Microseconds per fp16 cuBLAS matmul (R, I) @ (I, O), GPU time only, cycling through
+    ``copies`` weight matrices as the other kernels do."""
     import cupy as cp
 
     x = cp.random.standard_normal((R, I), dtype=cp.float32).astype(cp.float16)
-    w = cp.random.standard_normal((O, I), dtype=cp.float32).astype(cp.float16)
+    ws = [cp.random.standard_normal((O, I), dtype=cp.float32).astype(cp.float16)
+          for _ in range(copies)]
     stream = cp.cuda.Stream(non_blocking=True)
     with stream:
-        cp.matmul(x, w.T)  # plan and warm up
+        cp.matmul(x, ws[0].T)  # plan and warm up
         stream.synchronize()
         # a 50 ms spin holds the stream: the host queues everything below before any of it runs
         spin_for_ns[1, 1, cuda.external_stream(stream.ptr)](50_000_000)
         start, end = cp.cuda.Event(), cp.cuda.Event()
         start.record(stream)
-        for _ in range(repeats):
-            cp.matmul(x, w.T)
+        for i in range(repeats):
+            cp.matmul(x, ws[i % copies].T)
         end.record(stream)
         end.synchronize()
     return cp.cuda.get_elapsed_time(start, end) * 1e3 / repeats
+
+
+def time_gate_up_with_swiglu(with_copy, R: int, F: int, num_sms: int, args) -> dict:
+    """µs of the gate/up projection followed by SwiGLU, two ways: the tile and then
+    ``swiglu_kernel`` (two kernels and the (R, 2F) gate_up through memory), and
+    ``tc_decode_swiglu`` (one kernel, SwiGLU in its epilogue)."""
+    act = cuda.device_array((R, F), np.float32)
+    swiglu_grid = grid_for(elementwise_items(R * F))
+
+    def tile_then_swiglu(s, i):
+        launch_tc_linear(*with_copy(i), stream=s, num_sms=num_sms)
+        swiglu_kernel[swiglu_grid, THREADS, s](with_copy(i)[6], act)
+
+    def fused(s, i):
+        x, x_rows, norm_w, eps, w, bias = with_copy(i)[:6]
+        tc_decode_swiglu_kernel[grid_for(tc_decode_items("swiglu", R, F)), THREADS, s](
+            x, x_rows, norm_w, eps, w, bias, act)
+
+    return {"tile_then_swiglu_us": time_in_graph(tile_then_swiglu, args.replays, args.runs),
+            "tc_decode_swiglu_us": time_in_graph(fused, args.replays, args.runs)}
 
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rows", type=int, nargs="+", default=[64, 512])
     parser.add_argument("--decode-mt", type=int, help="m16 tiles a row group of matmul_tc_decode")
+    parser.add_argument("--weight-copies", type=int, default=30,
+                        help="weight matrices the timed launches cycle through (30: the 135M "
+                             "model's layers, more than the L2 cache holds, as in a decode step; "
+                             "1: the same matrix every launch, L2-resident)")
     parser.add_argument("--gemv-max", type=int, default=16,
                         help="also time the GEMV up to this many rows")
     parser.add_argument("--steps", type=int, nargs="*", default=[1, 2, 3, 0],
@@ -159,6 +195,15 @@ def main(argv=None) -> int:
                 print(f"{name} at R={R}: relative error {err:.2e} >= {TOLERANCE}: not timed")
                 return 1
             steps = tc_steps_per_split(R, O, I, num_sms)
+            copies = [kernel_args[4]]  # the same weights again: one matrix a layer
+            for _ in range(args.weight_copies - 1):
+                copies.append(cuda.device_array_like(kernel_args[4]))
+                copies[-1].copy_to_device(kernel_args[4])
+
+            def with_copy(i, kernel_args=kernel_args, copies=copies):
+                """The launch's arguments with weight copy i (mod the copies)."""
+                return kernel_args[:4] + [copies[i % len(copies)]] + kernel_args[5:]
+
             # the decode-batch kernel (matmul_tc_decode), from the same starting out
             out.copy_to_device(start)
             dec_grid = grid_for(tc_decode_items("linear", R, O))
@@ -171,27 +216,30 @@ def main(argv=None) -> int:
             if args.once:
                 print(f"{name:>8} {R:>4} {f'{O}x{I}':>12} {err:8.1e} | {steps:>5}", flush=True)
                 continue
-            tc_us = time_in_graph(lambda s: launch_tc_linear(*kernel_args, stream=s,
-                                                             num_sms=num_sms),
+            tc_us = time_in_graph(lambda s, i: launch_tc_linear(*with_copy(i), stream=s,
+                                                                num_sms=num_sms),
                                   args.replays, args.runs)
             by_steps = {}
             k_steps = -(-I // matmul_tc.BK)
             for variant in args.steps:
                 by_steps[variant] = time_in_graph(
-                    lambda s: launch_tc_linear(*kernel_args, stream=s,
-                                               steps_per_split=variant or k_steps),
+                    lambda s, i: launch_tc_linear(*with_copy(i), stream=s,
+                                                  steps_per_split=variant or k_steps),
                     args.replays, args.runs)
             fma_grid = grid_for(linear_work_items(R, O))
-            fma_us = time_in_graph(lambda s: fma_tile_kernel[fma_grid, THREADS, s](*kernel_args[:8]),
-                                   args.replays, args.runs)
-            blas_us = time_cublas(R, O, I, args.replays)
-            dec_us = time_in_graph(lambda s: tc_decode_linear_kernel[dec_grid, THREADS, s](
-                *kernel_args[:8]), args.replays, args.runs)
+            fma_us = time_in_graph(lambda s, i: fma_tile_kernel[fma_grid, THREADS, s](
+                *with_copy(i)[:8]), args.replays, args.runs)
+            blas_us = time_cublas(R, O, I, args.replays, args.weight_copies)
+            dec_us = time_in_graph(lambda s, i: tc_decode_linear_kernel[dec_grid, THREADS, s](
+                *with_copy(i)[:8]), args.replays, args.runs)
             gemv_us = float("nan")
             if R <= args.gemv_max:
                 gemv_grid = grid_for(gemv_work_items(O))
-                gemv_us = time_in_graph(lambda s: gemv_kernel[gemv_grid, THREADS, s](
-                    *kernel_args[:8]), args.replays, args.runs)
+                gemv_us = time_in_graph(lambda s, i: gemv_kernel[gemv_grid, THREADS, s](
+                    *with_copy(i)[:8]), args.replays, args.runs)
+            fused = {}
+            if name == "gate_up":  # SwiGLU after the tile, or in matmul_tc_decode's epilogue
+                fused = time_gate_up_with_swiglu(with_copy, R, O // 2, num_sms, args)
             tflops = 2 * R * O * I / (tc_us * 1e-6) / 1e12
             weight_gbs = 2 * O * I / (tc_us * 1e-6) / 1e9
             cells = " ".join(f"{by_steps[v]:7.1f}" for v in args.steps)
@@ -204,13 +252,18 @@ def main(argv=None) -> int:
                          "us_by_steps_per_split": {str(v or k_steps): t for v, t in by_steps.items()},
                          "fma_us": fma_us, "fma_tflops": 2 * R * O * I / (fma_us * 1e-6) / 1e12,
                          "cublas_us": blas_us, "tc_decode_us": dec_us,
-                         "tc_decode_error": float(dec_err), "gemv_us": gemv_us})
+                         "tc_decode_error": float(dec_err), "gemv_us": gemv_us, **fused})
+            if fused:
+                print(f"{'':>8} {R:>4} gate_up + SwiGLU: tile then swiglu_kernel "
+                      f"{fused['tile_then_swiglu_us']:.1f} µs, matmul_tc_decode fused "
+                      f"{fused['tc_decode_swiglu_us']:.1f} µs", flush=True)
     if args.json:
         import json
 
         from blink_edu.bench.results import commit, machine
         with open(args.json, "w") as f:
             json.dump({"name": "tc_matmul", "commit": commit(), "machine": machine(),
+                       "weight_copies": args.weight_copies,
                        "tile": {"BM": matmul_tc.BM, "BN": matmul_tc.BN, "BK": matmul_tc.BK},
                        "rows": rows}, f, indent=1)
     return 0
