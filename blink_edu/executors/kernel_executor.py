@@ -8,9 +8,9 @@ issues them:
   7 per layer (norm+qkv, rope+kv-write, attention, o-proj+residual, norm+gate/up, SwiGLU,
   down+residual), the LM head and the sampler; 5 per layer at batch 1, where RoPE and SwiGLU ride
   in the epilogue of the projection before them, as they do for a decode batch on tensor cores
-  (``forward_ops.fused_into_linear``; ``fuse_epilogues=False`` keeps all
-  seven, to measure what the fusion buys or to route every linear through ``launch_linear``). Each launch costs tens of microseconds of host
-  time, so at small batch the GPU mostly waits for Python.
+  (``forward_ops.fused_into_linear``; ``fuse_epilogues=False`` keeps all seven, to measure what
+  the fusion buys or to route every linear through ``launch_linear``). Each launch costs tens of
+  microseconds of host time, so at small batch the GPU mostly waits for Python.
 * ``GraphExecutor`` — the same launches are captured once per *bucket* into a CUDA graph
   (together with the input and output copies) and each step replays one graph: one launch.
 

@@ -1,8 +1,9 @@
-"""Linear layers: ``out = [out +] rms_norm?(x) @ W.T + b`` — a GEMV, an FMA tile, a tensor-core tile.
+"""Linear layers: ``out = [out +] rms_norm?(x) @ W.T + b`` — a GEMV, tensor cores, an FMA tile.
 
 The matrix multiplies are almost all of a decoder's work and, at small batch, almost all of its
-memory traffic: every decode step streams every weight once. Three ways to do it, chosen from the
-number of rows (``linear``) and the weights (``on_tensor_cores``), the same way by every executor:
+memory traffic: every decode step streams every weight once. Four ways to do it, chosen from the
+number of rows and the weights' dtype in one place (``linear_path`` for a host's launch,
+``linear`` inside the persistent kernel, ``fuses_next_op`` for the epilogues):
 
 * **GEMV** (``R <= GEMV_MAX_ROWS`` tokens, i.e. decode): a warp (``LANES`` threads) owns one
   output row ``o``; lane ``l`` reads ``W[o, 8l : 8l + 8]``, then 256 further on, ... — eight
@@ -20,10 +21,10 @@ number of rows (``linear``) and the weights (``on_tensor_cores``), the same way 
   the persistent kernel's forward for *every* linear layer of a batched step (it needs 5 KB of
   shared memory, where the tile below needs 37 KB, and every op of the persistent kernel
   shares one static allocation).
-* **Tensor-core tile** (more rows, float16 weights): ``matmul_tc.py``'s shared-memory
-  ``mma.sync`` tile with split-K, for the other layers of a batched step and for prompt
-  chunks, launched by the eager and graph executors.
-* **FMA tile** (more rows, float32 weights, or an odd ``I``): the block loads a
+* **Tensor-core tile** (more rows, float16 weights of an even width): ``matmul_tc.py``'s
+  shared-memory ``mma.sync`` tile with split-K, for the other layers of a batched step and
+  for prompt chunks, launched by the eager and graph executors.
+* **FMA tile** (more rows, float32 weights, or BLINK_EDU_TENSOR_CORES=0): the block loads a
   ``TILE x TILE`` tile of inputs and one of weights into shared memory and each thread
   accumulates several outputs from them, so every weight loaded serves ``TILE`` tokens.
 

@@ -27,10 +27,10 @@ and the activations of rows ``g`` and ``g + 8`` at the same eight k the same way
 **The work.** A work item is a *pair of 8-column groups* of ``out`` (``NJ = 2`` n-tiles) for one
 *row group* of 16 tokens (``MT`` m-tiles). The four warps of the block split the item's k chunks
 (warp w takes chunks w, w + 4, ...), so a 576-wide row is walked in ~5 chunks a warp, each
-chunk's weights and activations loaded while the previous chunk computes. At the end the warps add up their
-accumulators in shared memory, one m-tile at a time (``RED_SHAPE``, 5 KB) — no atomics, the
-sums in a fixed order — and each thread of the block finishes one output *of both column groups
-at once*.
+chunk's weights and activations loaded while the previous chunk computes. At the end the warps
+add up their accumulators in shared memory, one m-tile at a time (``RED_SHAPE``, 5 KB) — no
+atomics, the sums in a fixed order — and each thread of the block finishes one output *of both
+column groups at once*.
 
 **Paired columns, fused epilogues.** Which columns the two groups are is the caller's choice,
 and it is what makes the epilogue free:
