@@ -34,10 +34,8 @@ from ..backend import get_backend
 from ..config import EngineConfig
 from ..kernels.attention import paged_attention_kernel
 from ..kernels.elementwise import embed_tokens_kernel, swiglu_kernel
-from ..kernels.linear import (FUSED_GEMV_MAX_ROWS, gemv_qkv_rope_kernel, gemv_swiglu_kernel,
-                              gemv_work_items, launch_linear, uses_tensor_cores)
-from ..kernels.matmul_tc_decode import (tc_decode_items, tc_decode_qkv_rope_kernel,
-                                        tc_decode_swiglu_kernel)
+from ..kernels.linear import (launch_linear, launch_linear_qkv_rope, launch_linear_swiglu,
+                              uses_tensor_cores)
 from ..kernels.reduce import THREADS, cuda, grid_for
 from ..kernels.rope import rope_and_write_kv_kernel
 from ..kernels.sampling import adjust_logits_kernel, sample_rows_kernel
@@ -268,16 +266,10 @@ class EagerExecutor:
         if op == EMBED:
             embed_tokens_kernel[grid, THREADS, st](self.embed, v["token_ids"], v["x"])
         elif op == QKV and self.fuses(ROPE_KV, t_b):
-            heads = cfg.num_heads + 2 * cfg.num_kv_heads
-            kernel, grid = (
-                (gemv_qkv_rope_kernel, gemv_work_items(lw.w_qkv.shape[0] // 2))
-                if t_b <= FUSED_GEMV_MAX_ROWS else
-                (tc_decode_qkv_rope_kernel, tc_decode_items("qkv_rope", t_b, heads,
-                                                            cfg.head_dim // 2)))
-            kernel[grid_for(grid), THREADS, st](
-                v["x"], v["rows"], lw.attn_norm, self.eps, lw.w_qkv, lw.b_qkv, v["qkv"],
-                v["positions"], v["seq_rows"], v["block_tables"], self.cos, self.sin,
-                self.kv_pool, i, cfg.num_heads, cfg.num_kv_heads)
+            launch_linear_qkv_rope(v["x"], v["rows"], lw.attn_norm, self.eps, lw.w_qkv, lw.b_qkv,
+                                   v["qkv"], v["positions"], v["seq_rows"], v["block_tables"],
+                                   self.cos, self.sin, self.kv_pool, i, cfg.num_heads,
+                                   cfg.num_kv_heads, st)
         elif op == QKV:
             self.launch_linear(v["x"], v["rows"], lw.attn_norm, lw.w_qkv, lw.b_qkv, v["qkv"], 0)
         elif op == ROPE_KV:
@@ -290,11 +282,8 @@ class EagerExecutor:
         elif op == O_PROJ:
             self.launch_linear(v["attn"], v["rows"], empty, lw.w_o, lw.b_o, v["x"], 1)
         elif op == GATE_UP and self.fuses(SWIGLU, t_b):
-            F = cfg.intermediate_size
-            kernel, grid = ((gemv_swiglu_kernel, gemv_work_items(F)) if t_b <= FUSED_GEMV_MAX_ROWS
-                            else (tc_decode_swiglu_kernel, tc_decode_items("swiglu", t_b, F)))
-            kernel[grid_for(grid), THREADS, st](
-                v["x"], v["rows"], lw.mlp_norm, self.eps, lw.w_gate_up, lw.b_gate_up, v["act"])
+            launch_linear_swiglu(v["x"], v["rows"], lw.mlp_norm, self.eps, lw.w_gate_up,
+                                 lw.b_gate_up, v["act"], st)
         elif op == GATE_UP:
             self.launch_linear(v["x"], v["rows"], lw.mlp_norm, lw.w_gate_up, lw.b_gate_up,
                                v["gate_up"], 0)

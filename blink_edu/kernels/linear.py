@@ -63,7 +63,8 @@ from .loads import VEC, load8, load8_1d
 from .elementwise import silu_times
 from .matmul_tc import launch_tc_linear, plus_bias, store_output
 from .matmul_tc_decode import (tc_decode_items, tc_decode_linear, tc_decode_linear_kernel,
-                               tc_decode_qkv_rope, tc_decode_swiglu)
+                               tc_decode_qkv_rope, tc_decode_qkv_rope_kernel, tc_decode_swiglu,
+                               tc_decode_swiglu_kernel)
 from .reduce import THREADS, cuda, grid_for, warp_sum
 from .rope import place_pair
 
@@ -422,6 +423,29 @@ def launch_linear(x, x_rows, norm_w, eps, w, bias, out, accumulate, row_scale, s
               "fma_tile": tiled_matmul_kernel}[path]
     kernel[grid_for(linear_work_items(R, O, path == "tc_decode")), THREADS, stream](
         x, x_rows, norm_w, eps, w, bias, out, accumulate)
+
+
+def launch_linear_swiglu(x, x_rows, norm_w, eps, w, bias, act, stream) -> None:
+    """``linear_swiglu`` from the host, for a step ``fuses_next_op`` fuses: the GEMV's kernel at
+    batch 1, else ``matmul_tc_decode``'s, each compiled without the other."""
+    R, F = x_rows.shape[0], act.shape[1]
+    kernel, items = ((gemv_swiglu_kernel, gemv_work_items(F)) if R <= FUSED_GEMV_MAX_ROWS
+                     else (tc_decode_swiglu_kernel, tc_decode_items("swiglu", R, F)))
+    kernel[grid_for(items), THREADS, stream](x, x_rows, norm_w, eps, w, bias, act)
+
+
+def launch_linear_qkv_rope(x, x_rows, norm_w, eps, w, bias, qkv, positions, seq_rows,
+                           block_tables, cos, sin, kv_pool, layer, num_heads, num_kv_heads,
+                           stream) -> None:
+    """``linear_qkv_rope`` from the host, for a step ``fuses_next_op`` fuses (as above)."""
+    R, half = x_rows.shape[0], kv_pool.shape[5] // 2
+    kernel, items = (
+        (gemv_qkv_rope_kernel, gemv_work_items(w.shape[0] // 2)) if R <= FUSED_GEMV_MAX_ROWS
+        else (tc_decode_qkv_rope_kernel,
+              tc_decode_items("qkv_rope", R, num_heads + 2 * num_kv_heads, half)))
+    kernel[grid_for(items), THREADS, stream](x, x_rows, norm_w, eps, w, bias, qkv, positions,
+                                             seq_rows, block_tables, cos, sin, kv_pool, layer,
+                                             num_heads, num_kv_heads)
 
 
 def linear_work_items(num_rows: int, out_features: int, tensor_cores: bool = False) -> int:
