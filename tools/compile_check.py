@@ -58,6 +58,8 @@ def kernels():
     from blink_edu.sched import device_policy
     lin = lambda w: (arr(F32, 2), arr(I32, 1), arr(F32, 1), F32, arr(w, 2), arr(F32, 1),  # noqa: E731
                      arr(F32, 2), types.int64)
+    attention_args = (arr(F32, 2), arr(I32, 1), arr(I32, 1), arr(I32, 2), arr(F32, 6), types.int64,
+                      types.int64, types.int64, arr(F32, 2))
     return [
         ("linear_fp16", linear.linear_kernel.py_func, lin(F16) + (types.boolean,)),
         ("gemv_fp16", linear.gemv_kernel.py_func, lin(F16)),
@@ -78,9 +80,8 @@ def kernels():
         ("gemv_qkv_rope_fp16", linear.gemv_qkv_rope_kernel.py_func,
          lin(F16)[:-1] + (arr(I32, 1), arr(I32, 1), arr(I32, 2), arr(F32, 2), arr(F32, 2),
                           arr(F32, 6), types.int64, types.int64, types.int64)),
-        ("paged_attention", attention.paged_attention_kernel.py_func,
-         (arr(F32, 2), arr(I32, 1), arr(I32, 1), arr(I32, 2), arr(F32, 6), types.int64,
-          types.int64, types.int64, arr(F32, 2))),
+        ("paged_attention", attention.paged_attention_kernel.py_func, attention_args),
+        ("paged_attention_tc", attention.paged_attention_tc_kernel.py_func, attention_args),
         ("rope_and_write_kv", rope.rope_and_write_kv_kernel.py_func,
          (arr(F32, 2), arr(I32, 1), arr(I32, 1), arr(I32, 2), arr(F32, 2), arr(F32, 2),
           arr(F32, 6), types.int64, types.int64, types.int64)),

@@ -30,7 +30,7 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
-from ..kernels.attention import paged_attention
+from ..kernels.attention import attention_work_items, paged_attention
 from ..kernels.elementwise import elementwise_items, embed_tokens, swiglu
 from ..kernels.linear import (GEMV_MAX_ROWS, fuses_next_op, fuses_next_op_device, linear,
                               linear_qkv_rope, linear_swiglu, linear_work_items)
@@ -178,7 +178,7 @@ def forward_op(op, i, T, R, model, step, history, blk, nb):
                           H, K, blk, nb)
     elif op == ATTENTION:
         paged_attention(qkv, positions, seq_rows, s.block_tables, m.kv_pool, i, H, K, s.attn[:T],
-                        blk, nb)
+                        tc, blk, nb)
     elif op == O_PROJ:
         linear(s.attn[:T], rows, m.no_norm, m.eps, m.w_o[i], m.b_o[i], x, 1, tc, blk, nb)
     elif op == GATE_UP and fused_into_linear_device(SWIGLU, T, tc):
@@ -236,14 +236,16 @@ def op_grid(op: int, max_tokens: int, max_rows: int, config, tensor_cores: bool 
     """Blocks for ``op`` in a step of up to ``max_tokens`` tokens and ``max_rows`` sampled rows of
     the model ``config`` (a ``ModelConfig``): what every executor launches. A linear op may take
     its GEMV path (T <= GEMV_MAX_ROWS) at run time in a captured graph: enough blocks for both.
-    ``tensor_cores``: the batched path is ``matmul_tc_decode`` (``linear.uses_tensor_cores``)."""
+    ``tensor_cores``: the batched path is ``matmul_tc_decode`` (``linear.uses_tensor_cores``) and
+    attention has its prompt tiles (``attention_tc.py``) beside its (token, head) pairs."""
     if op in (QKV, O_PROJ, GATE_UP, DOWN, LM_HEAD):
         O, _ = linear_shape(op, config)
         rows = max_rows if op == LM_HEAD else max_tokens
         return grid_for(max(linear_work_items(rows, O, tensor_cores),
                             linear_work_items(min(rows, GEMV_MAX_ROWS), O)))
     if op == ATTENTION:
-        return grid_for(max_tokens * config.num_heads)
+        return grid_for(attention_work_items(max_tokens, config.num_heads, config.num_kv_heads,
+                                             config.head_dim, tensor_cores))
     if op == ROPE_KV:
         return grid_for(rope_work_items(max_tokens, config.num_heads, config.num_kv_heads,
                                         config.head_dim))

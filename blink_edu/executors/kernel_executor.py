@@ -32,7 +32,7 @@ import numpy as np
 
 from ..backend import get_backend
 from ..config import EngineConfig
-from ..kernels.attention import paged_attention_kernel
+from ..kernels.attention import attention_kernel
 from ..kernels.elementwise import embed_tokens_kernel, swiglu_kernel
 from ..kernels.linear import (launch_linear, launch_linear_qkv_rope, launch_linear_swiglu,
                               uses_tensor_cores)
@@ -278,7 +278,7 @@ class EagerExecutor:
                 self.kv_pool, i, cfg.num_heads, cfg.num_kv_heads)
         elif op == ATTENTION:
             self.launch_attention(v["qkv"], v["positions"], v["seq_rows"], v["block_tables"], i,
-                                  v["attn"])
+                                  v["attn"], prompt_chunks=t_b > s_b)
         elif op == O_PROJ:
             self.launch_linear(v["attn"], v["rows"], empty, lw.w_o, lw.b_o, v["x"], 1)
         elif op == GATE_UP and self.fuses(SWIGLU, t_b):
@@ -310,11 +310,16 @@ class EagerExecutor:
         launch_linear(x, rows, norm, self.eps, w, b, out, accumulate, self.row_scale, self.stream,
                       self.num_sms)
 
-    def launch_attention(self, qkv, positions, seq_rows, block_tables, layer, out) -> None:
-        """Paged attention of layer ``layer`` (``kernels/attention.py``); a subclass may launch
-        another kernel here (the course labs)."""
+    def launch_attention(self, qkv, positions, seq_rows, block_tables, layer, out,
+                         prompt_chunks=False) -> None:
+        """Paged attention of layer ``layer`` (``kernels/attention.py``): with its prompt tiles on
+        tensor cores where the step may hold a prompt chunk (``prompt_chunks``: the bucket has more
+        tokens than sequences) on an fp16 model. A subclass may launch another kernel here (the
+        course labs)."""
         H, K = self.config.num_heads, self.config.num_kv_heads
-        paged_attention_kernel[op_grid(ATTENTION, qkv.shape[0], 0, self.config), THREADS, self.stream](
+        tiles = self.tensor_cores and prompt_chunks
+        attention_kernel(self.tensor_cores, prompt_chunks)[
+            op_grid(ATTENTION, qkv.shape[0], 0, self.config, tiles), THREADS, self.stream](
             qkv, positions, seq_rows, block_tables, self.kv_pool, layer, H, K, out)
 
     def run_bucket(self, s_b: int, t_b: int) -> None:

@@ -18,21 +18,32 @@ At the end the groups' partial sums are added and ``out = acc / l``. Both inner 
 ``UNROLL`` loads before using any (see ``linear.py``: decode is latency-bound). Grouped-query attention: query head ``h`` reads kv head
 ``h // (H / K)``. Causality needs no mask: a token only walks positions ``<= p``, and this
 step's keys were written (``rope.py``) before this kernel runs.
+
+That is the decode path (``attend_token``). A prompt chunk on an fp16 model takes the tensor-core
+tile of ``attention_tc.py`` instead — one work item a KV head and a tile of the chunk's tokens,
+each key read once a tile rather than once a token; ``paged_attention`` picks per tile.
 """
 
 from __future__ import annotations
 
 import math
 
+import numpy as np
 from numba import float32
 
 from . import loads
+from .attention_tc import (ROWS, WORKSPACE_WORDS, attend_tile, one_sequence, tc_attention_tiles,
+                           tc_attention_tiles_device)
 from .loads import VEC, load8_at
 from .reduce import NEG_INF, THREADS, block_max, block_sum, cuda
 
 UNROLL = 8  # loads each thread has in flight in the inner loops
 KEY_LOADS = 8  # wide loads of one key in flight at once: a whole 64-dim key, half a 128-dim one
 PARTS = THREADS * VEC  # (THREADS / (E / 8)) position groups x E partial sums, at most
+SCALAR_WORDS = 3 * THREADS + PARTS  # attend_token's shared memory: q, weights, scratch, parts
+# One shared allocation serves both paths (the persistent kernel's shared memory is the sum of
+# every op's): 32-bit words, seen as float32 by attend_token and as fp16 pairs by the tile.
+WORKSPACE = max(SCALAR_WORDS, WORKSPACE_WORDS)
 
 
 @cuda.jit(device=True, inline=True)
@@ -81,15 +92,14 @@ def add_values_wide(acc8, weights, n, start, kv_pool, block_tables, row, layer, 
                 acc8[7] += wj * v8[7]
 
 
-@cuda.jit(device=True)
-def paged_attention(qkv, positions, seq_rows, block_tables, kv_pool, layer, num_heads,
-                    num_kv_heads, out, block, n_blocks):
-    """out (T, H * E) = softmax(q k^T / sqrt(E)) v per (token, head), q read from qkv (T, ...).
-    Requires E <= THREADS."""
+@cuda.jit(device=True, inline=True)
+def attend_token(qkv, positions, seq_rows, block_tables, kv_pool, layer, t, h, group, out,
+                 workspace):
+    """out[t, h * E : (h + 1) * E] for token ``t`` and query head ``h`` (the module docstring);
+    ``workspace``: shared float32 (>= SCALAR_WORDS). Every thread of the block must call it."""
     tid = cuda.threadIdx.x
     B = kv_pool.shape[3]
     E = kv_pool.shape[5]
-    group = num_heads // num_kv_heads
     scale = float32(1) / math.sqrt(float32(E))
     wide = loads.WIDE_LOADS and E % VEC == 0  # values in wide loads: 8 dims a thread
     n_groups = THREADS // E  # narrow: thread groups sharing the V accumulation, E threads each
@@ -97,69 +107,123 @@ def paged_attention(qkv, positions, seq_rows, block_tables, kv_pool, layer, num_
     slices = E // VEC  # wide: threads a position, 8 dims each
     pgroups = THREADS // max(slices, 1)  # wide: position groups
     pg, sl = tid // max(slices, 1), tid % max(slices, 1)
-    q = cuda.shared.array(THREADS, float32)  # this item's query vector (E <= THREADS)
-    weights = cuda.shared.array(THREADS, float32)  # exp(score - m) of the current chunk
-    scratch = cuda.shared.array(THREADS, float32)
-    parts = cuda.shared.array(PARTS, float32)  # each thread group's (E,) partial sums
+    q = workspace[:THREADS]  # this item's query vector (E <= THREADS)
+    weights = workspace[THREADS:2 * THREADS]  # exp(score - m) of the current chunk
+    scratch = workspace[2 * THREADS:3 * THREADS]
+    parts = workspace[3 * THREADS:SCALAR_WORDS]  # each thread group's (E,) partial sums
     acc8 = cuda.local.array(VEC, float32)
-    for item in range(block, qkv.shape[0] * num_heads, n_blocks):
-        t, h = item // num_heads, item % num_heads
-        kvh = h // group
-        row = seq_rows[t]
-        context = positions[t] + 1
-        if tid < E:
-            q[tid] = qkv[t, h * E + tid]
-        cuda.syncthreads()
-        m = NEG_INF
-        total = float32(0)
-        acc = float32(0)
-        for d in range(VEC):
-            acc8[d] = 0
-        for start in range(0, context, THREADS):
-            c = start + tid
-            score = NEG_INF
-            if c < context:
-                score = score_of(q, kv_pool, block_tables[row, c // B], layer, c % B, kvh, E) * scale
-            m_new = max(m, block_max(score, scratch))
-            w = math.exp(score - m_new) if c < context else float32(0)
-            weights[tid] = w
-            rescale = math.exp(m - m_new)  # 0 on the first chunk (m = -inf)
-            total = total * rescale + block_sum(w, scratch)  # (its barrier publishes weights)
-            acc *= rescale
-            n = min(THREADS, context - start)
-            if wide:
-                for d in range(VEC):
-                    acc8[d] *= rescale
-                if pg < pgroups:
-                    add_values_wide(acc8, weights, n, start, kv_pool, block_tables, row, layer,
-                                    kvh, pg, pgroups, sl)
-            elif g < n_groups:
-                for j0 in range(g, n, n_groups * UNROLL):
-                    for u in range(UNROLL):
-                        j = j0 + u * n_groups
-                        if j < n:
-                            c2 = start + j
-                            acc += weights[j] * kv_pool[block_tables[row, c2 // B], layer, 1,
-                                                        c2 % B, kvh, e_own]
-            m = m_new
-            cuda.syncthreads()
-        if wide:  # every group's (E,) partial sums side by side in ``parts``, then added
+    kvh = h // group
+    row = seq_rows[t]
+    context = positions[t] + 1
+    if tid < E:
+        q[tid] = qkv[t, h * E + tid]
+    cuda.syncthreads()
+    m = NEG_INF
+    total = float32(0)
+    acc = float32(0)
+    for d in range(VEC):
+        acc8[d] = 0
+    for start in range(0, context, THREADS):
+        c = start + tid
+        score = NEG_INF
+        if c < context:
+            score = score_of(q, kv_pool, block_tables[row, c // B], layer, c % B, kvh, E) * scale
+        m_new = max(m, block_max(score, scratch))
+        w = math.exp(score - m_new) if c < context else float32(0)
+        weights[tid] = w
+        rescale = math.exp(m - m_new)  # 0 on the first chunk (m = -inf)
+        total = total * rescale + block_sum(w, scratch)  # (its barrier publishes weights)
+        acc *= rescale
+        n = min(THREADS, context - start)
+        if wide:
+            for d in range(VEC):
+                acc8[d] *= rescale
             if pg < pgroups:
-                for d in range(VEC):
-                    parts[pg * E + sl * VEC + d] = acc8[d]
+                add_values_wide(acc8, weights, n, start, kv_pool, block_tables, row, layer,
+                                kvh, pg, pgroups, sl)
         elif g < n_groups:
-            parts[g * E + e_own] = acc
+            for j0 in range(g, n, n_groups * UNROLL):
+                for u in range(UNROLL):
+                    j = j0 + u * n_groups
+                    if j < n:
+                        c2 = start + j
+                        acc += weights[j] * kv_pool[block_tables[row, c2 // B], layer, 1,
+                                                    c2 % B, kvh, e_own]
+        m = m_new
         cuda.syncthreads()
-        if tid < E:
-            value = float32(0)
-            for j in range(pgroups if wide else n_groups):
-                value += parts[j * E + tid]
-            out[t, h * E + tid] = value / total
-        cuda.syncthreads()
+    if wide:  # every group's (E,) partial sums side by side in ``parts``, then added
+        if pg < pgroups:
+            for d in range(VEC):
+                parts[pg * E + sl * VEC + d] = acc8[d]
+    elif g < n_groups:
+        parts[g * E + e_own] = acc
+    cuda.syncthreads()
+    if tid < E:
+        value = float32(0)
+        for j in range(pgroups if wide else n_groups):
+            value += parts[j * E + tid]
+        out[t, h * E + tid] = value / total
+    cuda.syncthreads()
+
+
+def attention_work_items(num_tokens, num_heads, num_kv_heads, head_dim, tensor_cores):
+    """Work items of ``paged_attention`` (to size the grid): a tile a KV head where
+    ``tensor_cores``, then one (token, query head) each."""
+    tiles = tc_attention_tiles(num_tokens, num_heads // num_kv_heads, head_dim) if tensor_cores else 0
+    return tiles * num_kv_heads + num_tokens * num_heads
+
+
+@cuda.jit(device=True, inline=True)
+def paged_attention(qkv, positions, seq_rows, block_tables, kv_pool, layer, num_heads,
+                    num_kv_heads, out, tensor_cores, block, n_blocks):
+    """out (T, H * E) = softmax(q k^T / sqrt(E)) v per (token, head), q read from qkv (T, ...).
+    Requires E <= THREADS. With ``tensor_cores`` (an fp16 model), a tile of consecutive tokens of
+    one sequence — a prompt chunk — is one work item of ``attention_tc.attend_tile``; the tokens
+    of the other tiles (a decode batch: one token a sequence) take ``attend_token``, one
+    (token, query head) an item. Items ``[0, tiles * K)`` are the tiles, the rest the pairs."""
+    T = qkv.shape[0]
+    group = num_heads // num_kv_heads
+    tiles = 0
+    if tensor_cores:
+        tiles = tc_attention_tiles_device(T, group, kv_pool.shape[5])
+    per_tile = ROWS // group  # tokens a tile
+    tile_items = tiles * num_kv_heads
+    workspace = cuda.shared.array(WORKSPACE, float32)  # one allocation, both paths' views
+    for item in range(block, tile_items + T * num_heads, n_blocks):
+        if tensor_cores and item < tile_items:  # (a constant False compiles the tile out)
+            tile, kvh = item // num_kv_heads, item % num_kv_heads
+            t0 = tile * per_tile
+            n = min(per_tile, T - t0)
+            if one_sequence(positions, seq_rows, t0, n):
+                attend_tile(qkv, positions, seq_rows, block_tables, kv_pool, layer, group, kvh,
+                            t0, n, out, workspace.view(np.uint32))
+        else:
+            t, h = (item - tile_items) // num_heads, (item - tile_items) % num_heads
+            t0 = (t // per_tile) * per_tile
+            if not tensor_cores or tiles == 0 or not one_sequence(positions, seq_rows, t0, min(per_tile, T - t0)):
+                attend_token(qkv, positions, seq_rows, block_tables, kv_pool, layer, t, h, group,
+                             out, workspace)
 
 
 @cuda.jit
 def paged_attention_kernel(qkv, positions, seq_rows, block_tables, kv_pool, layer, num_heads,
                            num_kv_heads, out):
+    """``paged_attention`` of a decode step (no prompt tiles: a constant, so the tile is not even
+    compiled in and its registers do not weigh on the per-token path's occupancy). Launch
+    ``[grid_for(T * H), THREADS]``."""
     paged_attention(qkv, positions, seq_rows, block_tables, kv_pool, layer, num_heads,
-                    num_kv_heads, out, cuda.blockIdx.x, cuda.gridDim.x)
+                    num_kv_heads, out, False, cuda.blockIdx.x, cuda.gridDim.x)
+
+
+@cuda.jit
+def paged_attention_tc_kernel(qkv, positions, seq_rows, block_tables, kv_pool, layer, num_heads,
+                              num_kv_heads, out):
+    """``paged_attention`` of a step with prompt chunks on an fp16 model: tiles on tensor cores.
+    Launch ``[grid_for(attention_work_items(T, H, K, E, True)), THREADS]``."""
+    paged_attention(qkv, positions, seq_rows, block_tables, kv_pool, layer, num_heads,
+                    num_kv_heads, out, True, cuda.blockIdx.x, cuda.gridDim.x)
+
+
+def attention_kernel(tensor_cores: bool, has_prompt_chunks: bool):
+    """The kernel a host launches: the tile's only for a step with a prompt chunk on tensor cores."""
+    return paged_attention_tc_kernel if tensor_cores and has_prompt_chunks else paged_attention_kernel

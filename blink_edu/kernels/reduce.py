@@ -186,6 +186,45 @@ def _serial_exclusive_sum(value, scratch):
     return before, total
 
 
+@cuda.jit(device=True, inline=True)
+def _shuffle_quad_max(value):
+    """GPU form: two butterfly exchanges inside the quad (lanes 4g .. 4g + 3)."""
+    value = max(value, cuda.shfl_xor_sync(FULL_MASK, value, 1))
+    return max(value, cuda.shfl_xor_sync(FULL_MASK, value, 2))
+
+
+@cuda.jit(device=True, inline=True)
+def _shuffle_quad_sum(value):
+    value += cuda.shfl_xor_sync(FULL_MASK, value, 1)
+    return value + cuda.shfl_xor_sync(FULL_MASK, value, 2)
+
+
+@cuda.jit(device=True, inline=True)
+def _serial_quad_values(value):
+    """Simulator form: the four values of this thread's quad, through shared memory (two barriers:
+    every thread of the block must call it)."""
+    scratch = cuda.shared.array(THREADS, float32)
+    tid = cuda.threadIdx.x
+    scratch[tid] = value
+    cuda.syncthreads()
+    first = tid - tid % 4
+    v0, v1, v2, v3 = scratch[first], scratch[first + 1], scratch[first + 2], scratch[first + 3]
+    cuda.syncthreads()
+    return v0, v1, v2, v3
+
+
+@cuda.jit(device=True, inline=True)
+def _serial_quad_max(value):
+    v0, v1, v2, v3 = _serial_quad_values(value)
+    return max(max(v0, v1), max(v2, v3))
+
+
+@cuda.jit(device=True, inline=True)
+def _serial_quad_sum(value):
+    v0, v1, v2, v3 = _serial_quad_values(value)
+    return (v0 + v1) + (v2 + v3)
+
+
 # block_sum(value, scratch) / block_max(value, scratch): the reduction over the block's threads,
 # every thread gets the result; scratch is a shared float32 (THREADS,).
 # block_argmax(value, index, values, indices): (max value, its lowest index).
@@ -196,6 +235,10 @@ block_argmax = _serial_argmax if SIMULATOR else _shuffle_argmax
 # sum over all); int32 values, scratch a shared int32 (THREADS,). Where each thread's items go in
 # a list that every thread appends to, in thread order.
 block_exclusive_sum = _serial_exclusive_sum if SIMULATOR else _shuffle_exclusive_sum
+# quad_sum(value) / quad_max(value): over the 4 lanes of a quad (lanes 4g .. 4g + 3 of a warp),
+# the lanes that hold one row of an mma fragment (``matmul_tc.py``); every lane gets the result.
+quad_sum = _serial_quad_sum if SIMULATOR else _shuffle_quad_sum
+quad_max = _serial_quad_max if SIMULATOR else _shuffle_quad_max
 
 
 NEG_INF = float32(-math.inf)

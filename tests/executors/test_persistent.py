@@ -87,13 +87,24 @@ def prompt_logits(weights, prompt):
                              np.array([T - 1], i32))[0]
 
 
+def assert_first_tokens_are_the_references(done, slots, logits, margin=0.05):
+    """Each request's one token is the argmax of the reference's logits where the lead over the
+    runner-up is beyond what fp16 activations can move (``margin``); a near-tie decides nothing."""
+    decided = 0
+    for slot, lg in zip(slots, logits):
+        runner_up, best = np.sort(lg)[-2:]
+        if best - runner_up > margin:
+            assert done[slot] == ([int(np.argmax(lg))], "length")
+            decided += 1
+    assert decided >= 1, "every request was a near-tie: nothing checked"
+
+
 @pytest.mark.parametrize("dispatch", DISPATCHERS)
 def test_fp16_prompt_chunks_on_tensor_cores_pick_the_reference_tokens(rng, dispatch):
     """Float16 weights: the prompt chunks (3 to 8 tokens a step) run every linear layer on
     ``matmul_tc_decode`` inside the kernel, RoPE and SwiGLU fused. The first token of each
     request is the reference's argmax on the same fp16 weights wherever its lead over the
-    runner-up is beyond what fp16 activations can move (MARGIN); a near-tie decides nothing."""
-    MARGIN = 0.05
+    runner-up is beyond what fp16 activations can move; a near-tie decides nothing."""
     weights16 = micro_weights(seed=int(rng.integers(1000)), dtype=np.float16,
                               num_attention_heads=4, num_key_value_heads=2)
     prompts = [rng.integers(3, 64, size=n).tolist() for n in (11, 3, 6, 9)]
@@ -104,13 +115,36 @@ def test_fp16_prompt_chunks_on_tensor_cores_pick_the_reference_tokens(rng, dispa
         slots = [client.submit(p, one, request_id=i) for i, p in enumerate(prompts)]
         done = client.collect(slots, TIMEOUT_S)
         assert_all_free(ring, executor)
-    decided = 0
-    for slot, lg in zip(slots, logits):
-        runner_up, best = np.sort(lg)[-2:]
-        if best - runner_up > MARGIN:
-            assert done[slot] == ([int(np.argmax(lg))], "length")
-            decided += 1
-    assert decided >= 1, "every request was a near-tie: nothing checked"
+    assert_first_tokens_are_the_references(done, slots, logits)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dispatch", ["inline", "graph"])
+def test_fp16_prompts_of_64_dim_heads_take_the_attention_tile(rng, dispatch):
+    """Head size 64, three query heads a KV head (SmolLM2's): with a budget of 64 tokens a step,
+    the prompts' chunks fill tiles of 21 tokens, which ``attention_tc``'s tile takes inside the
+    kernel. Their first tokens are the reference's argmax as above."""
+    weights16 = micro_weights(seed=int(rng.integers(1000)), dtype=np.float16, hidden_size=192,
+                              num_attention_heads=3, num_key_value_heads=1,
+                              max_position_embeddings=128)
+    prompts = [rng.integers(3, 64, size=n).tolist() for n in (60, 45, 23, 50)]
+    logits = [prompt_logits(as_float32(weights16), p) for p in prompts]  # (V,) each
+    layout = RingLayout(num_slots=8, max_prompt_tokens=64, max_output_tokens=2)
+    config = EngineConfig(block_size=16, num_kv_blocks=24, max_num_seqs=2,
+                          max_num_batched_tokens=64)
+    ring = Ring(bytearray(layout.nbytes), layout)
+    executor = PersistentExecutor(weights16, config, ring, dispatch=dispatch,
+                                  weight_dtype=np.float16)
+    executor.start()
+    try:
+        client = RingClient(ring)
+        one = SamplingParams(temperature=0, max_tokens=1, ignore_eos=True)
+        slots = [client.submit(p, one, request_id=i) for i, p in enumerate(prompts)]
+        done = client.collect(slots, TIMEOUT_S)
+    finally:
+        executor.stop()
+    assert (ring.state == EMPTY).all()
+    assert_first_tokens_are_the_references(done, slots, logits)
 
 
 @pytest.mark.parametrize("dispatch", DISPATCHERS)

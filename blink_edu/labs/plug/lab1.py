@@ -100,10 +100,12 @@ class LabExecutor(EagerExecutor):
         launch_gemv(x, rows, norm, np.float32(self.config.rms_norm_eps), w, b, out, accumulate,
                     self.stream, self.impl)
 
-    def launch_attention(self, qkv, positions, seq_rows, block_tables, layer, out) -> None:
+    def launch_attention(self, qkv, positions, seq_rows, block_tables, layer, out,
+                         prompt_chunks=False) -> None:
         if "attention" not in self.use:
             self.launches["project"] += 1
-            return super().launch_attention(qkv, positions, seq_rows, block_tables, layer, out)
+            return super().launch_attention(qkv, positions, seq_rows, block_tables, layer, out,
+                                            prompt_chunks)
         self.launches["lab"] += 1
         launch_attention(qkv, positions, seq_rows, block_tables, self.kv_pool, layer,
                          self.config.num_heads, self.config.num_kv_heads, out, stream=self.stream,

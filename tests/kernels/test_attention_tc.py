@@ -1,0 +1,108 @@
+"""The tensor-core attention tile (``attention_tc.py``) against the NumPy reference: prompt chunks
+and decode tokens in one ragged batch, every group size of grouped-query attention."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from blink_edu.kernels.attention import attention_kernel, attention_work_items
+from blink_edu.kernels.attention_tc import HEAD_DIM, ROWS
+from blink_edu.kernels.reduce import THREADS, cuda, grid_for
+from blink_edu.model import reference as ref
+
+
+def rel_err(a, b) -> float:
+    return float(np.linalg.norm(np.asarray(a, np.float64) - b) / np.linalg.norm(b))
+
+
+def chunk_batch(rng, chunks, block_size, num_blocks):
+    """A flat batch of (first position, tokens) chunks, one sequence each, over scattered blocks:
+    positions (T,), seq_rows (T,), block_tables (S, W)."""
+    ends = [start + n for start, n in chunks]
+    width = -(-max(ends) // block_size)
+    blocks = rng.permutation(num_blocks)
+    assert len(chunks) * width <= num_blocks
+    tables = blocks[:len(chunks) * width].reshape(len(chunks), width).astype(np.int32)
+    positions = np.concatenate([np.arange(s, s + n) for s, n in chunks]).astype(np.int32)
+    seq_rows = np.concatenate([[r] * n for r, (_, n) in enumerate(chunks)]).astype(np.int32)
+    return positions, seq_rows, tables
+
+
+def attention(qkv, positions, seq_rows, tables, pool, layer, H, K, tensor_cores):
+    T, E = len(positions), pool.shape[-1]
+    out = cuda.to_device(np.full((T, H * E), np.nan, np.float32))
+    grid = grid_for(attention_work_items(T, H, K, E, tensor_cores))
+    attention_kernel(tensor_cores, has_prompt_chunks=True)[grid, THREADS](
+        cuda.to_device(qkv), cuda.to_device(positions), cuda.to_device(seq_rows),
+        cuda.to_device(tables), cuda.to_device(pool), layer, H, K, out)
+    return out.copy_to_host()
+
+
+def tile_tokens(positions, seq_rows, group):
+    """Which tokens sit in a tile of consecutive positions of one sequence (the tile's work)."""
+    per_tile, T = ROWS // group, len(positions)
+    mask = np.zeros(T, bool)
+    for t0 in range(0, T, per_tile):
+        t1 = min(T, t0 + per_tile) - 1
+        if seq_rows[t0] == seq_rows[t1] and positions[t1] - positions[t0] == t1 - t0:
+            mask[t0:t1 + 1] = True
+    return mask
+
+
+def random_case(rng, H, K, chunks, B=4, N=48):
+    E = HEAD_DIM
+    positions, seq_rows, tables = chunk_batch(rng, chunks, B, N)
+    T = len(positions)
+    q = rng.standard_normal((T, H, E)).astype(np.float32)
+    qkv = np.concatenate([q.reshape(T, -1), rng.standard_normal((T, 2 * K * E))], 1).astype(np.float32)
+    pool = rng.standard_normal((N, 2, 2, B, K, E)).astype(np.float32)
+    layer = int(rng.integers(2))
+    expected = ref.paged_attention(q, positions, seq_rows, pool, layer, tables).reshape(T, H * E)
+    return (qkv, positions, seq_rows, tables, pool, layer), expected
+
+
+# 2, 3 and 4 query heads a KV head (1: the GPU test below)
+@pytest.mark.parametrize("heads,kv_heads", [(4, 2), (6, 2), (4, 1)])
+def test_prompt_tiles_match_the_reference(rng, heads, kv_heads):
+    """Chunks that fill whole tiles (the simulator's block is one warp, 32 threads: the per-token
+    path there cannot take a 64-dim head, so every token here is a tile's): a chunk of two tiles
+    after cached positions and a last lone token, over scattered blocks."""
+    H, K = heads, kv_heads
+    per_tile = ROWS // (H // K)
+    chunks = [(int(rng.integers(3, 9)), 2 * per_tile), (int(rng.integers(9, 30)), 1)]
+    args, expected = random_case(rng, H, K, chunks)
+    assert tile_tokens(args[1], args[2], H // K).all()
+    tiled = attention(*args, H, K, tensor_cores=1)
+    # fp16 operands (q, k, v and the probabilities), fp32 sums: within fp16 rounding
+    assert rel_err(tiled, expected) < 1e-2
+    assert rel_err(tiled, expected) > 1e-6, "the tile rounds to fp16"
+    for t in range(len(expected)):  # every token, not only on average
+        assert rel_err(tiled[t], expected[t]) < 2e-2, t
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("heads,kv_heads", [(9, 3), (4, 1), (8, 8)])
+def test_ragged_batches_take_the_tile_for_prompt_chunks_only(rng, heads, kv_heads):
+    """Prompt chunks beside decode tokens: tiles inside the chunks take the tensor cores, tiles
+    across a seam or over decode tokens the float32 path, bit for bit what it computes alone."""
+    H, K = heads, kv_heads
+    per_tile = ROWS // (H // K)
+    chunks = [(int(rng.integers(3, 90)), 3 * per_tile + int(rng.integers(2, per_tile))),
+              (29, 1), (40, 1), (0, per_tile + 3), (200, 1)]
+    args, expected = random_case(rng, H, K, chunks, B=16, N=120)
+    tiled = attention(*args, H, K, tensor_cores=1)
+    plain = attention(*args, H, K, tensor_cores=0)
+    in_tile = tile_tokens(args[1], args[2], H // K)
+    assert in_tile.sum() >= 3 * per_tile and not in_tile.all(), "the batch should take both paths"
+    assert 1e-6 < rel_err(tiled[in_tile], expected[in_tile]) < 1e-2
+    np.testing.assert_array_equal(tiled[~in_tile], plain[~in_tile])
+    assert rel_err(plain, expected) < 1e-5
+
+
+def test_the_tile_declines_other_head_sizes():
+    from blink_edu.kernels.attention_tc import tc_attention_tiles
+    assert tc_attention_tiles(100, 3, HEAD_DIM) == -(-100 // (ROWS // 3))
+    assert tc_attention_tiles(100, 3, 128) == 0
+    assert tc_attention_tiles(100, ROWS + 1, HEAD_DIM) == 0
+    assert attention_work_items(10, 4, 2, 32, True) == 10 * 4
