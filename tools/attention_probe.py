@@ -19,36 +19,37 @@ import os
 import numpy as np
 
 os.environ.setdefault("BLINK_EDU_BACKEND", "gpu")
-import cupy as cp  # noqa: E402
 from tc_matmul_probe import time_in_graph  # noqa: E402  (tools/, beside this script)
 
 from blink_edu.bench.results import commit, machine  # noqa: E402
 from blink_edu.kernels.attention import (attention_work_items, paged_attention_kernel,  # noqa: E402
                                          paged_attention_tc_kernel)
-from blink_edu.kernels.reduce import THREADS, grid_for  # noqa: E402
+from blink_edu.kernels.reduce import THREADS, cuda, grid_for  # noqa: E402
 
 H, K, E, B = 9, 3, 64, 16
 
 
 def probe(P: int, replays: int, rng) -> dict:
     blocks = -(-P // B)
-    qkv = cp.asarray(rng.standard_normal((P, (H + 2 * K) * E)).astype(np.float32))
-    pool = cp.asarray(rng.standard_normal((blocks + 4, 30, 2, B, K, E)).astype(np.float32))
-    tables = cp.asarray(rng.permutation(blocks + 4)[:blocks][None].astype(np.int32))
-    positions = cp.arange(P, dtype=cp.int32)
-    seq_rows = cp.zeros(P, cp.int32)
+    # Numba device arrays: a CuPy array handed to a Numba kernel is synchronised through its
+    # stream at every launch, which a stream capture refuses (cudaErrorStreamCaptureIsolation).
+    qkv = cuda.to_device(rng.standard_normal((P, (H + 2 * K) * E)).astype(np.float32))
+    pool = cuda.to_device(rng.standard_normal((blocks + 4, 30, 2, B, K, E)).astype(np.float32))
+    tables = cuda.to_device(rng.permutation(blocks + 4)[:blocks][None].astype(np.int32))
+    positions = cuda.to_device(np.arange(P, dtype=np.int32))
+    seq_rows = cuda.to_device(np.zeros(P, np.int32))
     outs = {}
     row = {"tokens": P}
     for name, kernel, tiles in (("per_token", paged_attention_kernel, False),
                                 ("tile", paged_attention_tc_kernel, True)):
-        out = cp.full((P, H * E), cp.nan, cp.float32)
+        out = cuda.to_device(np.full((P, H * E), np.nan, np.float32))
         grid = grid_for(attention_work_items(P, H, K, E, tiles))
 
         def launch(stream, _, kernel=kernel, out=out, grid=grid):
             kernel[grid, THREADS, stream](qkv, positions, seq_rows, tables, pool, 7, H, K, out)
 
         row[f"{name}_us"] = time_in_graph(launch, replays, runs=5)
-        outs[name] = cp.asnumpy(out)
+        outs[name] = out.copy_to_host()
     a, b = outs["tile"], outs["per_token"]
     row["rel_diff"] = float(np.linalg.norm(a - b) / np.linalg.norm(b))
     flop = 4 * H * E * P * (P + 1) / 2  # q.k and p.v over the causal triangle

@@ -35,8 +35,9 @@ kernels)
 timeout 240 python3 -m blink_edu.bench.persistent --hog-seconds 20 2>&1 | tee "$OUT/persistent.log" | tail -16
 timeout 80 python3 -m blink_edu.bench.kv_transfer --budget-s 55 2>&1 | tee "$OUT/kv_transfer.log" | tail -16
 ;;
-decode)  # a call of its own (run it with the call's full 600 s): both models, three batches, the peers' compiles: ~9.6 minutes on an
-         # H200 (decode.json is rewritten after every stage, so a cut run keeps what it measured)
+decode)  # a call of its own (run it with the call's full 600 s): both models, six batches, the peers' compiles
+         # (warmed in parallel since f2829c2, when three batches compiled one after another ran past 588 s;
+         # six batches not yet timed). decode.json is rewritten after every stage: a cut run keeps what it measured
 timeout 588 python3 -m blink_edu.bench.decode --out "$OUT" --hf-compile-timeout 30 --peer-timeout 200 \
   2>&1 | grep -v "Warn\|warn\|cudagraph" | tee "$OUT/decode.log" | tail -30
 ;;

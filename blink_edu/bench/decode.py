@@ -404,7 +404,7 @@ def ratio(a, b):
 
 def main(argv=None) -> int:
     parser = bench_parser("decode", __doc__)
-    parser.add_argument("--batches", default="1,8,64", help="batch sizes, comma-separated")
+    parser.add_argument("--batches", default="1,8,16,32,64,128", help="batch sizes, comma-separated")
     parser.add_argument("--prompt-len", type=int, default=16, help="prompt tokens per sequence")
     parser.add_argument("--steps", type=int, default=32, help="decode steps timed")
     parser.add_argument("--models", default="bundled,135m",

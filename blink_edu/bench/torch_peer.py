@@ -26,7 +26,9 @@ way ("default mode + manual graph"); the compile mode is recorded in every row.
 
 Compiling can take minutes (the 135M shape with ``max-autotune`` did not finish in four) and can
 crash a process, so every measurement runs in a child process (``spawn``) with its own timeout;
-the Inductor cache directory is shared by the children, so batch sizes and models reuse kernels.
+the Inductor cache directory is shared by the children. The compiles of one model run first all
+at once (``warm_cache``: CPU work, and nothing is timed meanwhile), then each measurement, one
+after another, finds its kernels in the cache.
 Each requested measurement comes back as a row with its figures or with an ``error`` that says why
 it did not run — never a missing row.
 """
@@ -270,6 +272,7 @@ class PeerSettings:
     compile_mode: str = "default"
     timeout_s: float = 240.0
     cache_dir: str | None = None  # TORCHINDUCTOR_CACHE_DIR shared by the children
+    warm_in_parallel: bool = True  # compile every torch_compiled item at once first (warm_cache)
 
 
 def cache_length(prompt_len: int, steps: int) -> int:
@@ -338,12 +341,16 @@ def time_prefill(weights: ModelWeights, kind: str, settings: PeerSettings) -> di
 
 
 def measure(weights: ModelWeights, item: dict, settings: PeerSettings) -> dict:
-    """One item: {"task": "decode", "executor", "batch"} or {"task": "prefill", "executor"}."""
+    """One item: {"task": "decode", "executor", "batch"} or {"task": "prefill", "executor"}
+    (with "cache_warmed" when ``warm_cache`` compiled it beforehand: then ``setup_s`` is the
+    compile from a warm cache, carried into the row)."""
     if item["executor"] not in PEERS:
         raise ValueError(f"unknown peer {item['executor']!r}; peers: {', '.join(PEERS)}")
     if item["task"] == "decode":
-        return time_decode(weights, item["executor"], item["batch"], settings)
-    return time_prefill(weights, item["executor"], settings)
+        row = time_decode(weights, item["executor"], item["batch"], settings)
+    else:
+        row = time_prefill(weights, item["executor"], settings)
+    return {**row, **({"cache_warmed": item["cache_warmed"]} if "cache_warmed" in item else {})}
 
 
 def _child_main(sender, source, items: list[dict], settings: PeerSettings) -> None:
@@ -405,6 +412,24 @@ def run_in_child(source: str | Path | ModelWeights, items: list[dict], settings:
     return rows
 
 
+def warm_cache(source: str | Path | ModelWeights, items: list[dict], settings: PeerSettings) -> list[bool]:
+    """Run every item at once, each in its own child, and throw the figures away: what is kept is
+    the shared Inductor cache, so that the timed runs that follow, one at a time, find their
+    kernels compiled. A compile is mostly CPU work, one core a kernel at a time; done one batch
+    after another the 135M shape's four compiles took ~5 of the 10 minutes a benchmark call may
+    run (decode_h200_f2829c2.log), in parallel they take about the longest one. Nothing is timed
+    meanwhile. Returns, per item, whether its warm-up finished."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    began = time.monotonic()
+    with ThreadPoolExecutor(max_workers=len(items)) as pool:
+        rows = list(pool.map(lambda item: run_in_child(source, [item], settings)[0], items))
+    ok = ["error" not in row for row in rows]
+    print(f"  torch_compiled: {sum(ok)} of {len(items)} compiles warmed in parallel in "
+          f"{time.monotonic() - began:.0f} s", flush=True)
+    return ok
+
+
 def peer_rows(source: str | Path | ModelWeights, batches: list[int], settings: PeerSettings,
               kinds=PEERS) -> list[dict]:
     """Every peer row for one model (a checkpoint folder, or weights): decode TPOT for each batch
@@ -422,6 +447,9 @@ def peer_rows(source: str | Path | ModelWeights, batches: list[int], settings: P
     for kind in kinds:
         items = [{"task": "decode", "executor": kind, "batch": b} for b in batches]
         items.append({"task": "prefill", "executor": kind, "prefill_tokens": settings.prefill_tokens})
+        if kind == "torch_compiled" and settings.warm_in_parallel:
+            warmed = warm_cache(source, items, settings)
+            items = [{**item, "cache_warmed": ok} for item, ok in zip(items, warmed)]
         groups = [items] if kind == "torch_graph" else [[item] for item in items]
         gave_up = None
         for group in groups:
