@@ -32,7 +32,7 @@ import numpy as np
 
 from ..backend import get_backend
 from ..config import EngineConfig
-from ..kernels.attention import attention_kernel
+from ..kernels.attention import attention_kernel, uses_attention_tiles
 from ..kernels.elementwise import embed_tokens_kernel, swiglu_kernel
 from ..kernels.linear import (launch_linear, launch_linear_qkv_rope, launch_linear_swiglu,
                               uses_tensor_cores)
@@ -317,9 +317,9 @@ class EagerExecutor:
         tokens than sequences) on an fp16 model. A subclass may launch another kernel here (the
         course labs)."""
         H, K = self.config.num_heads, self.config.num_kv_heads
-        tiles = self.tensor_cores and prompt_chunks
-        attention_kernel(self.tensor_cores, prompt_chunks)[
-            op_grid(ATTENTION, qkv.shape[0], 0, self.config, tiles), THREADS, self.stream](
+        tiles = uses_attention_tiles(self.tensor_cores, prompt_chunks, H // K, self.config.head_dim)
+        attention_kernel(tiles)[op_grid(ATTENTION, qkv.shape[0], 0, self.config, tiles), THREADS,
+                                self.stream](
             qkv, positions, seq_rows, block_tables, self.kv_pool, layer, H, K, out)
 
     def run_bucket(self, s_b: int, t_b: int) -> None:

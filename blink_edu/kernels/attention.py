@@ -224,6 +224,17 @@ def paged_attention_tc_kernel(qkv, positions, seq_rows, block_tables, kv_pool, l
                     num_kv_heads, out, True, cuda.blockIdx.x, cuda.gridDim.x)
 
 
-def attention_kernel(tensor_cores: bool, has_prompt_chunks: bool):
-    """The kernel a host launches: the tile's only for a step with a prompt chunk on tensor cores."""
-    return paged_attention_tc_kernel if tensor_cores and has_prompt_chunks else paged_attention_kernel
+def uses_attention_tiles(tensor_cores: bool, has_prompt_chunks: bool, group: int,
+                         head_dim: int) -> bool:
+    """Whether a host launches ``paged_attention_tc_kernel``: a step that may hold a prompt chunk,
+    on tensor cores, with heads the tile takes. Otherwise ``paged_attention_kernel``, compiled
+    without the tile: the tile's registers (220 against 100) would cost the per-token path its
+    occupancy — measured on the H200 at f2829c2, where the bundled model's 32-dim heads (no tile)
+    ran their 512-token prefill attention in 1568 µs inside the tile's kernel against 978 µs in
+    its own (decode_h200_f2829c2.json, decode_h200_7750320.json)."""
+    return bool(tensor_cores and has_prompt_chunks and tc_attention_tiles(1, group, head_dim))
+
+
+def attention_kernel(tiles: bool):
+    """The kernel a host launches (``uses_attention_tiles`` says which)."""
+    return paged_attention_tc_kernel if tiles else paged_attention_kernel

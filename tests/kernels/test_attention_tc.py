@@ -6,7 +6,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from blink_edu.kernels.attention import attention_kernel, attention_work_items
+from blink_edu.kernels.attention import (attention_kernel, attention_work_items,
+                                         paged_attention_kernel, uses_attention_tiles)
 from blink_edu.kernels.attention_tc import HEAD_DIM, ROWS
 from blink_edu.kernels.reduce import THREADS, cuda, grid_for
 from blink_edu.model import reference as ref
@@ -33,7 +34,7 @@ def attention(qkv, positions, seq_rows, tables, pool, layer, H, K, tensor_cores)
     T, E = len(positions), pool.shape[-1]
     out = cuda.to_device(np.full((T, H * E), np.nan, np.float32))
     grid = grid_for(attention_work_items(T, H, K, E, tensor_cores))
-    attention_kernel(tensor_cores, has_prompt_chunks=True)[grid, THREADS](
+    attention_kernel(uses_attention_tiles(tensor_cores, True, H // K, E))[grid, THREADS](
         cuda.to_device(qkv), cuda.to_device(positions), cuda.to_device(seq_rows),
         cuda.to_device(tables), cuda.to_device(pool), layer, H, K, out)
     return out.copy_to_host()
@@ -106,3 +107,8 @@ def test_the_tile_declines_other_head_sizes():
     assert tc_attention_tiles(100, 3, 128) == 0
     assert tc_attention_tiles(100, ROWS + 1, HEAD_DIM) == 0
     assert attention_work_items(10, 4, 2, 32, True) == 10 * 4
+    # a host launches the kernel without the tile unless the step can use it
+    assert attention_kernel(uses_attention_tiles(True, True, 2, 32)) is paged_attention_kernel
+    assert attention_kernel(uses_attention_tiles(True, False, 3, HEAD_DIM)) is paged_attention_kernel
+    assert attention_kernel(uses_attention_tiles(False, True, 3, HEAD_DIM)) is paged_attention_kernel
+    assert attention_kernel(uses_attention_tiles(True, True, 3, HEAD_DIM)) is not paged_attention_kernel
