@@ -93,3 +93,42 @@ def draw_mma_fragments(follow: int = 5):
     fig.suptitle(f"mma.sync.m16n8k16: each cell is (lane, register); colour = lane group "
                  f"g = lane // 4; outlined: lane {follow} (g = {g}, t = {t})", y=0.98)
     return fig
+
+
+def scores_as_a_fragment() -> tuple[Fragment, Fragment]:
+    """FlashAttention-2's register trick (``kernels/attention_tc.py``): two neighbouring 16 x 8
+    score tiles, side by side as one 16 x 16 matrix, once as the C fragments the first ``mma``
+    leaves them in (register ``4 * tile + c``) and once as the A fragment of the second ``mma``.
+    Every element sits in the *same lane* in both: ``a0`` packs ``c0, c1`` of tile 0, ``a1`` its
+    ``c2, c3``, ``a2`` and ``a3`` the same of tile 1 — no shuffle, no shared memory between the two
+    products. Returns (scores as C, probabilities as A); ``ValueError`` if that ever failed."""
+    owners = fragment_owners()
+    c, a = owners["C"], owners["A"]
+    scores = _empty((M, K), "c")
+    for tile in range(K // N):
+        cols = slice(tile * N, (tile + 1) * N)
+        scores.lane[:, cols], scores.register[:, cols] = c.lane, c.register + 4 * tile
+        scores.half[:, cols] = c.register % 2  # c0, c2 -> the low half of a pair, c1, c3 the high
+    a_register_of_c = np.array([0, 0, 1, 1, 2, 2, 3, 3])  # tile 0 c0..c3, tile 1 c0..c3
+    if not ((scores.lane == a.lane).all() and (a_register_of_c[scores.register] == a.register).all()
+            and (scores.half == a.half).all()):
+        raise ValueError("the score tiles' C fragments are not the A fragment")
+    return scores, a
+
+
+def draw_scores_as_a_fragment(follow: int = 5):
+    """The two views of ``scores_as_a_fragment`` side by side, lane ``follow``'s cells outlined.
+    Returns the figure."""
+    import matplotlib.pyplot as plt
+
+    scores, probs = scores_as_a_fragment()
+    fig, axes = plt.subplots(1, 2, figsize=(15, 6.2), gridspec_kw={"wspace": 0.15})
+    _draw_operand(axes[0], scores._replace(register=scores.register % 4), follow)
+    axes[0].axvline(N, color="black", lw=2)
+    axes[0].set_title("S = Q K^T of 16 rows x 16 positions: two C tiles (left: positions 0-7, right: 8-15)",
+                      fontsize=9)
+    _draw_operand(axes[1], probs, follow)
+    axes[1].set_title("P = exp(S - m), the A fragment of P @ V (positions = k)", fontsize=9)
+    fig.suptitle(f"The same lane holds each element in both: lane {follow} packs its c0, c1 of the "
+                 "left tile into a0, c2, c3 into a1, and the right tile's into a2, a3", y=0.98)
+    return fig

@@ -12,7 +12,8 @@ import numpy as np  # noqa: E402
 
 from blink_edu.kernels.matmul_tc import mma_m16n8k16  # noqa: E402
 from blink_edu.kernels.reduce import cuda  # noqa: E402
-from blink_edu.viz.fragments import LANES, draw_mma_fragments, fragment_owners  # noqa: E402
+from blink_edu.viz.fragments import (LANES, draw_mma_fragments, fragment_owners,  # noqa: E402
+                                      scores_as_a_fragment)
 
 
 def test_every_element_has_one_owner_and_every_lane_its_share():
@@ -67,3 +68,13 @@ def test_the_drawing_labels_every_cell_and_outlines_one_lane():
     assert [len(ax.patches) for ax in axes] == [8, 4, 4]  # lane 5's A, B and C cells
     assert "5\na0" in {t.get_text() for t in axes[0].texts}
     matplotlib.pyplot.close("all")
+
+
+def test_two_score_tiles_are_the_a_fragment_of_the_next_mma():
+    scores, probs = scores_as_a_fragment()
+    assert (scores.lane == probs.lane).all()
+    # lane 5 (g = 1, t = 1): row 1, positions 2, 3 are c0, c1 of the left tile and a0 of P;
+    # row 9, positions 10, 11 are c2, c3 of the right tile (registers 6, 7) and a3
+    assert scores.lane[1, 2] == scores.lane[9, 11] == 5
+    assert (scores.register[1, 2], scores.register[1, 3], probs.register[1, 2]) == (0, 1, 0)
+    assert (scores.register[9, 10], scores.register[9, 11], probs.register[9, 11]) == (6, 7, 3)
