@@ -45,6 +45,7 @@ Simulator: the same code, with ``matmul_tc``'s simulator forms of ``mma_m16n8k16
 from __future__ import annotations
 
 import math
+import os
 
 from numba import float32, uint32
 
@@ -53,7 +54,20 @@ from .matmul_tc import mma_m16n8k16, pack_half2
 from .reduce import NEG_INF, THREADS, WARP, cuda, quad_max, quad_sum
 
 HEAD_DIM = 64  # E: the only head size the tile takes
-KC = 16  # KV positions a chunk
+
+
+def chunk_positions(value: str | None) -> int:
+    """KV positions a chunk, from ``BLINK_EDU_ATTENTION_CHUNK`` (read once, at import): 16 by
+    default, 32 or 64 to compare (``tools/attention_probe.py``). Shared memory grows with it,
+    ``KC x (E / 2 + 4) + E x (KC / 2 + 4)`` words (5.4 KB at 16, 18 KB at 64), which only the
+    eager and graph executors' kernels can hold: the persistent kernel's ops share 48 KB."""
+    kc = int(value or 16)
+    if kc not in (16, 32, 64):
+        raise ValueError(f"BLINK_EDU_ATTENTION_CHUNK must be 16, 32 or 64, got {value!r}")
+    return kc
+
+
+KC = chunk_positions(os.environ.get("BLINK_EDU_ATTENTION_CHUNK"))  # KV positions a chunk
 WARPS = THREADS // WARP  # 4 on a GPU, 1 in the simulator
 ROWS = 16 * WARPS  # query rows a tile: (token, query head of the group), 16 a warp
 K_SLICES = HEAD_DIM // 16  # k slices of S = Q K^T (16 dims each): Q's A fragments
