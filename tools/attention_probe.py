@@ -2,6 +2,7 @@
 the SmolLM2-135M shape (9 query / 3 KV heads of 64), inside a CUDA graph.
 
     python tools/attention_probe.py [--tokens 128 512 2048] [--chunks 16 32 64] [--replays 20] [--json F]
+    ncu -k regex:paged_attention --section ... python tools/attention_probe.py --once --tokens 512
 
 For each prompt length P (a whole prompt in one step, positions 0..P-1, KV in scattered blocks of
 16) it checks the two kernels against each other (relative difference below 1e-2: the tile rounds
@@ -35,7 +36,9 @@ from blink_edu.kernels.reduce import THREADS, cuda, grid_for  # noqa: E402
 H, K, E, B = 9, 3, 64, 16
 
 
-def probe(P: int, replays: int, rng) -> dict:
+def probe(P: int, replays: int, rng, once: bool = False) -> dict:
+    """One prompt of P tokens: both kernels checked against each other and timed (``once``: each
+    launched once, untimed — for Nsight Compute)."""
     blocks = -(-P // B)
     # Numba device arrays: a CuPy array handed to a Numba kernel is synchronised through its
     # stream at every launch, which a stream capture refuses (cudaErrorStreamCaptureIsolation).
@@ -54,10 +57,15 @@ def probe(P: int, replays: int, rng) -> dict:
         def launch(stream, _, kernel=kernel, out=out, grid=grid):
             kernel[grid, THREADS, stream](qkv, positions, seq_rows, tables, pool, 7, H, K, out)
 
-        row[f"{name}_us"] = time_in_graph(launch, replays, runs=5)
+        if once:
+            launch(0, 0)
+        else:
+            row[f"{name}_us"] = time_in_graph(launch, replays, runs=5)
         outs[name] = out.copy_to_host()
     a, b = outs["tile"], outs["per_token"]
     row["rel_diff"] = float(np.linalg.norm(a - b) / np.linalg.norm(b))
+    if once:
+        return row
     flop = 4 * H * E * P * (P + 1) / 2  # q.k and p.v over the causal triangle
     row["tile_tflops"] = flop / row["tile_us"] / 1e6
     row["speedup"] = row["per_token_us"] / row["tile_us"]
@@ -87,7 +95,14 @@ def main() -> int:
     parser.add_argument("--chunks", type=int, nargs="+", default=[16])
     parser.add_argument("--replays", type=int, default=20)
     parser.add_argument("--json", default=None)
+    parser.add_argument("--once", action="store_true",
+                        help="launch each kernel once at the first --tokens, untimed (for ncu -k "
+                             "regex:paged_attention)")
     args = parser.parse_args()
+    if args.once:
+        row = probe(args.tokens[0], 0, np.random.default_rng(0), once=True)
+        print(f"chunk {attention_tc.KC}, {row['tokens']} tokens: rel diff {row['rel_diff']:.1e}")
+        return 0 if row["rel_diff"] < 1e-2 else 1
     rows = rows_with_chunks(args)
     print(f"{'chunk':>5s} {'tokens':>7s} {'per-token µs':>13s} {'tile µs':>9s} {'speedup':>8s} "
           f"{'tile TFLOP/s':>13s} {'rel diff':>9s}")

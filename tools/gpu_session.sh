@@ -10,6 +10,7 @@
 #   BLINK_EDU_COMMIT=<sha> bash tools/gpu_session.sh decode
 #   BLINK_EDU_COMMIT=<sha> bash tools/gpu_session.sh serving
 #   bash tools/gpu_session.sh profile    # Nsight Compute on one layer of a decode step
+#   BLINK_EDU_COMMIT=<sha> bash tools/gpu_session.sh attention  # the prompt attention tile, compared
 # The server's packages (fastapi, starlette, uvicorn, pydantic and their needs) are not on the GPU
 # machine: fetch them here as cp312 wheels into .whl/ (git-ignored) and carry .whl with the call:
 #   python3 -m pip download --no-deps --only-binary=:all: --python-version 3.12 \
@@ -48,6 +49,15 @@ cp bench/results/slo.json "$OUT/slo.json"  # --real merges into the simulator's 
 timeout 420 python3 -m blink_edu.bench.slo --real --executor graph --rates auto --num-requests 200 \
   --policies fcfs,lvf,waiting-first,swapped-first --out "$OUT" --no-progress 2>&1 | tail -12
 ;;
+attention)  # the prompt attention tile: chunk sizes 16 / 32 / 64 against the per-token path, then
+            # Nsight Compute on both kernels at one 512-token prompt
+timeout 240 python3 tools/attention_probe.py --chunks 16 32 64 --json "$OUT/attention_probe.json" \
+  2>&1 | grep -v -i warn | tee "$OUT/attention_probe.log" | tail -12
+timeout 200 ncu --clock-control none -k regex:paged_attention --section LaunchStats --section Occupancy \
+  --section SpeedOfLight --section WarpStateStats --section SchedulerStats --section SourceCounters \
+  python3 tools/attention_probe.py --once --tokens 512 > "$OUT/ncu_attention.txt" 2>&1
+grep -E "paged_attention|Duration|Registers Per|Achieved Occ|Warp Cycles Per Issued|Grid Size" "$OUT/ncu_attention.txt" | head -30
+;;
 profile)  # one layer of a 135M batch-1 decode step under Nsight Compute, stall reasons included
 timeout 200 ncu --clock-control none --launch-skip 427 --launch-count 7 \
   --section LaunchStats --section Occupancy --section SpeedOfLight --section WarpStateStats \
@@ -55,5 +65,5 @@ timeout 200 ncu --clock-control none --launch-skip 427 --launch-count 7 \
   python3 tools/profile_decode_step.py --steps 1 > "$OUT/ncu_layer.txt" 2>&1
 grep -E "Context 1|Duration|Registers Per|Achieved Occ|Warp Cycles Per Issued|DRAM Throughput|stalled|Grid Size" "$OUT/ncu_layer.txt" | head -80
 ;;
-*) echo "usage: $0 kernels|decode|serving|profile" >&2; exit 2 ;;
+*) echo "usage: $0 tests|kernels|decode|serving|attention|profile" >&2; exit 2 ;;
 esac
