@@ -19,7 +19,11 @@ At the end the groups' partial sums are added and ``out = acc / l``. Both inner 
 ``h // (H / K)``. Causality needs no mask: a token only walks positions ``<= p``, and this
 step's keys were written (``rope.py``) before this kernel runs.
 
-That is the decode path (``attend_token``). A prompt chunk on an fp16 model takes the tensor-core
+That is the decode path (``attend_token``). ``attend_token_warp`` is its one-warp form, four
+(token, head) pairs a block, its max and sum warp shuffles with no block barrier (Nsight Compute
+found the block form's warps waiting at barriers 38% of the time, one warp a scheduler, at batch
+1): a compile-time choice (``BLINK_EDU_DECODE_ATTENTION=warp``) until the H200 has timed the two
+side by side (``tools/attention_probe.py --decode``). A prompt chunk on an fp16 model takes the tensor-core
 tile of ``attention_tc.py`` instead — one work item a KV head and a tile of the chunk's tokens,
 each key read once a tile rather than once a token; ``paged_attention`` picks per tile.
 """
@@ -27,6 +31,7 @@ each key read once a tile rather than once a token; ``paged_attention`` picks pe
 from __future__ import annotations
 
 import math
+import os
 
 import numpy as np
 from numba import float32
@@ -35,15 +40,33 @@ from . import loads
 from .attention_tc import (ROWS, WORKSPACE_WORDS, attend_tile, one_sequence, tc_attention_tiles,
                            tc_attention_tiles_device)
 from .loads import VEC, load8_at
-from .reduce import NEG_INF, THREADS, block_max, block_sum, cuda
+from .reduce import (NEG_INF, THREADS, WARP, block_max, block_sum, cuda, fold_lane_groups,
+                     lanes_max, lanes_sum, warp_barrier)
 
 UNROLL = 8  # loads each thread has in flight in the inner loops
 KEY_LOADS = 8  # wide loads of one key in flight at once: a whole 64-dim key, half a 128-dim one
 PARTS = THREADS * VEC  # (THREADS / (E / 8)) position groups x E partial sums, at most
 SCALAR_WORDS = 3 * THREADS + PARTS  # attend_token's shared memory: q, weights, scratch, parts
+MAX_HEAD_DIM = 128  # attend_token_warp: dims a lane owns, E / 32 <= 4
+WARPS = THREADS // WARP
+WARP_WORDS = MAX_HEAD_DIM + WARP  # attend_token_warp's shared memory a warp: q, then p
+
+
+def decode_path(value: str | None) -> str:
+    """The per-token path, from ``BLINK_EDU_DECODE_ATTENTION`` (read once, at import): "block" (a
+    block a (token, head), the path measured so far) or "warp" (a warp a (token, head), four a
+    block: no block barriers; to compare with ``tools/attention_probe.py --decode``)."""
+    path = (value or "block").strip()
+    if path not in ("block", "warp"):
+        raise ValueError(f"BLINK_EDU_DECODE_ATTENTION must be block or warp, got {value!r}")
+    return path
+
+
+WARP_PAIRS = decode_path(os.environ.get("BLINK_EDU_DECODE_ATTENTION")) == "warp"
+PAIRS_A_BLOCK = WARPS if WARP_PAIRS else 1  # (token, head) pairs a block serves at once
 # One shared allocation serves both paths (the persistent kernel's shared memory is the sum of
 # every op's): 32-bit words, seen as float32 by attend_token and as fp16 pairs by the tile.
-WORKSPACE = max(SCALAR_WORDS, WORKSPACE_WORDS)
+WORKSPACE = max(SCALAR_WORDS, WARPS * WARP_WORDS, WORKSPACE_WORDS)
 
 
 @cuda.jit(device=True, inline=True)
@@ -166,18 +189,83 @@ def attend_token(qkv, positions, seq_rows, block_tables, kv_pool, layer, t, h, g
     cuda.syncthreads()
 
 
+@cuda.jit(device=True, inline=True)
+def attend_token_warp(qkv, positions, seq_rows, block_tables, kv_pool, layer, t, h, group, out,
+                      q, p):
+    """``attend_token``'s contract for one warp (E <= MAX_HEAD_DIM): lane j scores positions
+    j, j + 32, ... of each chunk of 32; the max and the sum are warp shuffles, no block barrier;
+    the values are added by position groups of E / 8 lanes, 8 dims a lane with one wide load
+    (without wide loads: lane j owns dims j, j + 32, ... and walks every position), the groups
+    folded by shuffles at the end. q (>= E,) and p (32,): this warp's shared floats. Every lane
+    of the warp must call it."""
+    lane = cuda.threadIdx.x % WARP
+    B, E = kv_pool.shape[3], kv_pool.shape[5]
+    kvh, row, context = h // group, seq_rows[t], positions[t] + 1
+    for e in range(lane, E, WARP):
+        q[e] = qkv[t, h * E + e]
+    warp_barrier()
+    # wide: E / 8 lanes a position, a power of two so that the groups fold by shuffles
+    wide = loads.WIDE_LOADS and E % VEC == 0 and (E // VEC) & (E // VEC - 1) == 0
+    slices = E // VEC if wide else 1  # lanes a position (wide: 8 dims each)
+    pgroups = WARP // slices if wide else 1
+    pg, sl = lane // slices, lane % slices
+    scale = float32(1) / math.sqrt(float32(E))
+    acc8 = cuda.local.array(VEC, float32)  # wide: dims 8 sl ..; else dims lane + 32 d
+    for d in range(VEC):
+        acc8[d] = 0
+    m, total = NEG_INF, float32(0)
+    for start in range(0, context, WARP):
+        c = start + lane
+        score = NEG_INF
+        if c < context:
+            score = score_of(q, kv_pool, block_tables[row, c // B], layer, c % B, kvh, E) * scale
+        m_new = max(m, lanes_max(score))
+        w = math.exp(score - m_new) if c < context else float32(0)
+        rescale = math.exp(m - m_new)  # 0 on the first chunk (m = -inf)
+        total = total * rescale + lanes_sum(w)
+        p[lane] = w
+        warp_barrier()
+        for d in range(VEC):
+            acc8[d] *= rescale
+        n = min(WARP, context - start)
+        if wide:
+            if pg < pgroups:
+                add_values_wide(acc8, p, n, start, kv_pool, block_tables, row, layer, kvh, pg,
+                                pgroups, sl)
+        else:
+            for j in range(n):
+                c2 = start + j
+                blk = block_tables[row, c2 // B]
+                for d in range(MAX_HEAD_DIM // WARP):
+                    if lane + d * WARP < E:
+                        acc8[d] += p[j] * kv_pool[blk, layer, 1, c2 % B, kvh, lane + d * WARP]
+        m = m_new
+        warp_barrier()  # p is rewritten by the next chunk
+    if wide:
+        fold_lane_groups(acc8, VEC, slices)
+        if pg == 0:
+            for d in range(VEC):
+                out[t, h * E + sl * VEC + d] = acc8[d] / total
+    else:
+        for d in range(MAX_HEAD_DIM // WARP):
+            if lane + d * WARP < E:
+                out[t, h * E + lane + d * WARP] = acc8[d] / total
+    warp_barrier()  # q is rewritten by the next item
+
+
 def attention_work_items(num_tokens, num_heads, num_kv_heads, head_dim, tensor_cores):
     """Work items of ``paged_attention`` (to size the grid): a tile a KV head where
-    ``tensor_cores``, then one (token, query head) each."""
+    ``tensor_cores``, then the (token, query head) pairs, PAIRS_A_BLOCK a block."""
     tiles = tc_attention_tiles(num_tokens, num_heads // num_kv_heads, head_dim) if tensor_cores else 0
-    return tiles * num_kv_heads + num_tokens * num_heads
+    return tiles * num_kv_heads + -(-num_tokens * num_heads // PAIRS_A_BLOCK)
 
 
 @cuda.jit(device=True, inline=True)
 def paged_attention(qkv, positions, seq_rows, block_tables, kv_pool, layer, num_heads,
                     num_kv_heads, out, tensor_cores, block, n_blocks):
     """out (T, H * E) = softmax(q k^T / sqrt(E)) v per (token, head), q read from qkv (T, ...).
-    Requires E <= THREADS. With ``tensor_cores`` (an fp16 model), a tile of consecutive tokens of
+    Requires E <= THREADS (block pairs) or E <= MAX_HEAD_DIM (warp pairs, ``WARP_PAIRS``).
+    With ``tensor_cores`` (an fp16 model), a tile of consecutive tokens of
     one sequence — a prompt chunk — is one work item of ``attention_tc.attend_tile``; the tokens
     of the other tiles (a decode batch: one token a sequence) take ``attend_token``, one
     (token, query head) an item. Items ``[0, tiles * K)`` are the tiles, the rest the pairs."""
@@ -188,19 +276,29 @@ def paged_attention(qkv, positions, seq_rows, block_tables, kv_pool, layer, num_
         tiles = tc_attention_tiles_device(T, group, kv_pool.shape[5])
     per_tile = ROWS // group  # tokens a tile
     tile_items = tiles * num_kv_heads
-    workspace = cuda.shared.array(WORKSPACE, float32)  # one allocation, both paths' views
-    for item in range(block, tile_items + T * num_heads, n_blocks):
-        if tensor_cores and item < tile_items:  # (a constant False compiles the tile out)
+    workspace = cuda.shared.array(WORKSPACE, float32)  # one allocation, every path's views
+    if tensor_cores:  # (a constant False compiles the tile out)
+        for item in range(block, tile_items, n_blocks):
             tile, kvh = item // num_kv_heads, item % num_kv_heads
             t0 = tile * per_tile
             n = min(per_tile, T - t0)
             if one_sequence(positions, seq_rows, t0, n):
                 attend_tile(qkv, positions, seq_rows, block_tables, kv_pool, layer, group, kvh,
                             t0, n, out, workspace.view(np.uint32))
-        else:
-            t, h = (item - tile_items) // num_heads, (item - tile_items) % num_heads
-            t0 = (t // per_tile) * per_tile
-            if not tensor_cores or tiles == 0 or not one_sequence(positions, seq_rows, t0, min(per_tile, T - t0)):
+    # the (token, query head) pairs: items after the tiles, PAIRS_A_BLOCK of them a block
+    warp = cuda.threadIdx.x // WARP if WARP_PAIRS else 0
+    first = (block - tile_items % n_blocks + n_blocks) % n_blocks  # the block after the tiles
+    for pair in range(first * PAIRS_A_BLOCK + warp, T * num_heads, n_blocks * PAIRS_A_BLOCK):
+        t, h = pair // num_heads, pair % num_heads
+        t0 = (t // per_tile) * per_tile
+        if not tensor_cores or tiles == 0 or not one_sequence(positions, seq_rows, t0,
+                                                             min(per_tile, T - t0)):
+            if WARP_PAIRS:
+                q = workspace[warp * WARP_WORDS:warp * WARP_WORDS + MAX_HEAD_DIM]
+                p = workspace[warp * WARP_WORDS + MAX_HEAD_DIM:(warp + 1) * WARP_WORDS]
+                attend_token_warp(qkv, positions, seq_rows, block_tables, kv_pool, layer, t, h,
+                                  group, out, q, p)
+            else:
                 attend_token(qkv, positions, seq_rows, block_tables, kv_pool, layer, t, h, group,
                              out, workspace)
 

@@ -6,11 +6,12 @@ import numpy as np
 import pytest
 
 from blink_edu.config import ModelConfig, SamplingParams
+from blink_edu.kernels import attention
 from blink_edu.kernels.attention import paged_attention_kernel
 from blink_edu.kernels.elementwise import embed_tokens_kernel, swiglu_kernel
 from blink_edu.kernels.linear import (GEMV_MAX_ROWS, linear_kernel, linear_work_items,
                                       uses_tensor_cores)
-from blink_edu.kernels.reduce import THREADS, block_exclusive_sum, cuda, grid_for
+from blink_edu.kernels.reduce import SIMULATOR, THREADS, block_exclusive_sum, cuda, grid_for
 from blink_edu.kernels.rope import rope_and_write_kv_kernel
 from blink_edu.executors.step import pack_adjustments
 from blink_edu.kernels.sampling import (adjust_logits_kernel, adjust_row_from_history,
@@ -121,10 +122,23 @@ def test_rope_and_kv_write_match_reference(rng):
     np.testing.assert_allclose(pool_d.copy_to_host(), pool_ref, rtol=1e-5, atol=1e-6)
 
 
-# 4, 2, 1 and 3 query heads per KV head; head dims a multiple of 8 (wide loads) and not
-@pytest.mark.parametrize("heads,kv_heads,head_dim", [(4, 1, 16), (4, 2, 16), (4, 4, 16),
-                                                      (6, 2, 16), (6, 2, 12)])
-def test_paged_attention_over_a_ragged_batch(rng, heads, kv_heads, head_dim):
+WARP_PAIRS_SIM_ONLY = pytest.mark.skipif(
+    not SIMULATOR, reason="on a GPU the per-token path is a compile-time constant "
+    "(BLINK_EDU_DECODE_ATTENTION): tools/attention_probe.py --decode checks the warp path there")
+
+
+# 4, 2, 1 and 3 query heads per KV head; head dims a multiple of 8 (wide loads) and not; the
+# per-token path a block a (token, head), or a warp (64-dim heads: only the warp's path takes
+# them in the simulator, whose block is one warp)
+@pytest.mark.parametrize("heads,kv_heads,head_dim,warp_pairs", [
+    (4, 1, 16, False), (4, 2, 16, False), (4, 4, 16, False), (6, 2, 16, False), (6, 2, 12, False),
+    pytest.param(4, 1, 16, True, marks=WARP_PAIRS_SIM_ONLY),
+    pytest.param(6, 2, 12, True, marks=WARP_PAIRS_SIM_ONLY),
+    pytest.param(3, 1, 64, True, marks=WARP_PAIRS_SIM_ONLY)])
+def test_paged_attention_over_a_ragged_batch(rng, monkeypatch, heads, kv_heads, head_dim,
+                                             warp_pairs):
+    monkeypatch.setattr(attention, "WARP_PAIRS", warp_pairs)
+    monkeypatch.setattr(attention, "PAIRS_A_BLOCK", attention.WARPS if warp_pairs else 1)
     cfg = tiny_config(rng, heads=heads, kv_heads=kv_heads, head_dim=head_dim)
     H, K, E, B, N = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, 4, 40
     max_len = 3 * THREADS // 2 + 5  # contexts longer than one chunk of THREADS positions
