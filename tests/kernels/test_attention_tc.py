@@ -6,6 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from blink_edu.kernels import attention as attention_module
 from blink_edu.kernels.attention import (attention_kernel, attention_work_items,
                                          paged_attention_kernel, uses_attention_tiles)
 from blink_edu.kernels.attention_tc import HEAD_DIM, ROWS
@@ -82,23 +83,38 @@ def test_prompt_tiles_match_the_reference(rng, heads, kv_heads):
         assert rel_err(tiled[t], expected[t]) < 2e-2, t
 
 
-@pytest.mark.gpu
-@pytest.mark.parametrize("heads,kv_heads", [(9, 3), (4, 1), (8, 8)])
-def test_ragged_batches_take_the_tile_for_prompt_chunks_only(rng, heads, kv_heads):
+def check_ragged_batch(rng, H, K, chunks, B, N):
     """Prompt chunks beside decode tokens: tiles inside the chunks take the tensor cores, tiles
     across a seam or over decode tokens the float32 path, bit for bit what it computes alone."""
-    H, K = heads, kv_heads
     per_tile = ROWS // (H // K)
-    chunks = [(int(rng.integers(3, 90)), 3 * per_tile + int(rng.integers(2, per_tile))),
-              (29, 1), (40, 1), (0, per_tile + 3), (200, 1)]
-    args, expected = random_case(rng, H, K, chunks, B=16, N=120)
+    args, expected = random_case(rng, H, K, chunks, B=B, N=N)
     tiled = attention(*args, H, K, tensor_cores=1)
     plain = attention(*args, H, K, tensor_cores=0)
     in_tile = tile_tokens(args[1], args[2], H // K)
-    assert in_tile.sum() >= 3 * per_tile and not in_tile.all(), "the batch should take both paths"
+    assert in_tile.sum() >= per_tile and not in_tile.all(), "the batch should take both paths"
     assert 1e-6 < rel_err(tiled[in_tile], expected[in_tile]) < 1e-2
     np.testing.assert_array_equal(tiled[~in_tile], plain[~in_tile])
     assert rel_err(plain, expected) < 1e-5
+
+
+def test_a_ragged_batch_takes_the_tile_for_prompt_chunks_only(rng, monkeypatch):
+    """The simulator's block is one warp, and only the per-token path's warp form takes a 64-dim
+    head there: a chunk of a tile and two tokens, a decode token, a chunk whose last three tokens
+    fill a tile of their own."""
+    monkeypatch.setattr(attention_module, "WARP_PAIRS", True)
+    monkeypatch.setattr(attention_module, "PAIRS_A_BLOCK", attention_module.WARPS)
+    per_tile = ROWS // 2
+    check_ragged_batch(rng, 4, 2, [(int(rng.integers(3, 9)), per_tile + 2), (29, 1), (0, per_tile)],
+                       B=4, N=48)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("heads,kv_heads", [(9, 3), (4, 1), (8, 8)])
+def test_ragged_batches_take_the_tile_for_prompt_chunks_only(rng, heads, kv_heads):
+    per_tile = ROWS // (heads // kv_heads)
+    check_ragged_batch(rng, heads, kv_heads,
+                       [(int(rng.integers(3, 90)), 3 * per_tile + int(rng.integers(2, per_tile))),
+                        (29, 1), (40, 1), (0, per_tile + 3), (200, 1)], B=16, N=120)
 
 
 def test_the_tile_declines_other_head_sizes():
