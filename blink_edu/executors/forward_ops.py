@@ -32,8 +32,9 @@ from typing import NamedTuple
 
 from ..kernels.attention import attention_work_items, paged_attention
 from ..kernels.elementwise import elementwise_items, embed_tokens, swiglu
-from ..kernels.linear import (GEMV_MAX_ROWS, fuses_next_op, fuses_next_op_device, linear,
-                              linear_qkv_rope, linear_swiglu, linear_work_items)
+from ..kernels.linear import (GEMV_MAX_ROWS, TC_DECODE_MAX_ROWS, TC_SWIGLU_HOST_MAX_ROWS,
+                              fuses_next_op, fuses_next_op_device, linear, linear_qkv_rope,
+                              linear_swiglu, linear_work_items)
 from ..kernels.reduce import cuda, grid_for
 from ..kernels.rope import rope_and_write_kv, rope_work_items
 from ..kernels.sampling import adjust_row_from_history, sample_rows
@@ -62,14 +63,19 @@ op_of_device = cuda.jit(device=True)(op_of)
 
 
 def fused_into_linear(op, num_tokens, tensor_cores):
-    """Whether ``op`` has nothing to do in a step of ``num_tokens`` tokens, because the projection
-    before it did it in its epilogue (RoPE and the KV write, SwiGLU: ``linear.fuses_next_op``)."""
-    return (op == ROPE_KV or op == SWIGLU) and fuses_next_op(num_tokens, tensor_cores)
+    """Whether ``op`` has nothing to do in a host-launched step (eager, graph) of ``num_tokens``
+    tokens, because the projection before it did it in its epilogue (RoPE and the KV write,
+    SwiGLU: ``linear.fuses_next_op``)."""
+    limit = TC_SWIGLU_HOST_MAX_ROWS if op == SWIGLU else TC_DECODE_MAX_ROWS
+    return (op == ROPE_KV or op == SWIGLU) and fuses_next_op(num_tokens, tensor_cores, limit)
 
 
 @cuda.jit(device=True)
 def fused_into_linear_device(op, num_tokens, tensor_cores):
-    return (op == ROPE_KV or op == SWIGLU) and fuses_next_op_device(num_tokens, tensor_cores)
+    """The same inside the persistent kernel, which has no split-K tile to take an unfused
+    gate/up: both fusions up to TC_DECODE_MAX_ROWS tokens."""
+    return (op == ROPE_KV or op == SWIGLU) and fuses_next_op_device(num_tokens, tensor_cores,
+                                                                    TC_DECODE_MAX_ROWS)
 
 
 class ModelArrays(NamedTuple):

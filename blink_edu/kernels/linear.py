@@ -41,7 +41,8 @@ Fusions save whole kernels and round trips through memory:
   with the *pair* of outputs one result needs — rows ``i`` and ``i + E/2`` of a head (a RoPE
   rotation pair), or rows ``j`` and ``F + j`` of gate/up — so it rotates q and k and writes k
   and v to the paged pool, or applies SwiGLU, itself. Two launches (or grid barriers) a layer
-  fewer (``executors/forward_ops.py`` skips the RoPE and SwiGLU ops then: ``fuses_next_op``).
+  fewer (``executors/forward_ops.py`` skips the RoPE and SwiGLU ops then: ``fuses_next_op``;
+  a host's gate/up of more than ``TC_SWIGLU_HOST_MAX_ROWS`` tokens is faster unfused, on the tile).
   A GEMV of 2 tokens keeps them apart (``FUSED_GEMV_MAX_ROWS``: measured, a fused warp's
   two rows cost more than the launch they save once there are several tokens), and so does
   the shared-memory tile, whose outputs are not paired.
@@ -80,6 +81,12 @@ FUSED_GEMV_MAX_ROWS = 1
 # Batched steps of up to this many tokens take matmul_tc_decode's kernels (with float16 weights);
 # more take matmul_tc's shared-memory tile in the eager and graph executors.
 TC_DECODE_MAX_ROWS = 128
+# ... but a host-launched gate/up (eager, graph) of more tokens than this takes the split-K tile
+# and a SwiGLU kernel of its own: measured on the H200 with the weights streamed from HBM
+# (``tc_matmul_probe_h200_c9c8812.json``), matmul_tc_decode with SwiGLU fused took 12.6 µs
+# against 16.6 at 32 tokens, 21.7 against 18.1 at 64 and 33.2 against 21.2 at 128. The
+# persistent kernel has no tile (shared memory): it keeps the fusion up to TC_DECODE_MAX_ROWS.
+TC_SWIGLU_HOST_MAX_ROWS = 32
 # Threads sharing one output row in the GEMV: a warp on a GPU, whose lanes add their partial sums
 # with shuffles. Numba's simulator has no shuffles, so there each thread owns a whole row.
 LANES = 1 if get_backend().is_simulator else 32
@@ -345,13 +352,13 @@ def linear_path(num_rows: int, w) -> str:
     return "tc_decode" if w.shape[1] % 2 else "tc_tile"
 
 
-def fuses_next_op(num_rows: int, tensor_cores: bool) -> bool:
-    """Whether the qkv and gate/up projections of a step of ``num_rows`` tokens do RoPE + the KV
-    write and SwiGLU in their epilogue (``gemv_qkv_rope``/``gemv_swiglu`` at batch 1, their
-    ``matmul_tc_decode`` twins for a decode batch on tensor cores), so that those two ops have
-    nothing left to do."""
+def fuses_next_op(num_rows, tensor_cores, max_batched_rows):
+    """Whether a projection of a step of ``num_rows`` tokens does the next op in its epilogue
+    (``gemv_qkv_rope``/``gemv_swiglu`` at batch 1, their ``matmul_tc_decode`` twins for a decode
+    batch of up to ``max_batched_rows`` tokens on tensor cores), so that that op has nothing left
+    to do. The limits: TC_DECODE_MAX_ROWS, and TC_SWIGLU_HOST_MAX_ROWS for a host's gate/up."""
     return num_rows <= FUSED_GEMV_MAX_ROWS or (
-        tensor_cores and GEMV_MAX_ROWS < num_rows <= TC_DECODE_MAX_ROWS)
+        tensor_cores and GEMV_MAX_ROWS < num_rows <= max_batched_rows)
 
 
 fuses_next_op_device = cuda.jit(device=True)(fuses_next_op)

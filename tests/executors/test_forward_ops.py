@@ -11,7 +11,7 @@ from blink_edu.config import ModelConfig
 from blink_edu.executors import forward_ops as fo
 from blink_edu.executors.graph_dispatch import token_buckets
 from blink_edu.kernels.linear import (FUSED_GEMV_MAX_ROWS, GEMV_MAX_ROWS, TC_DECODE_MAX_ROWS,
-                                      linear_path, linear_work_items)
+                                      TC_SWIGLU_HOST_MAX_ROWS, linear_path, linear_work_items)
 
 
 @pytest.mark.parametrize("num_layers", [1, 2, 8])
@@ -55,8 +55,12 @@ def test_rope_and_swiglu_ride_in_the_projection_at_batch_1_and_on_tensor_cores(t
 
     assert fused(1) == fused(FUSED_GEMV_MAX_ROWS) == {fo.ROPE_KV, fo.SWIGLU}
     assert fused(FUSED_GEMV_MAX_ROWS + 1) == fused(GEMV_MAX_ROWS) == set()  # the plain GEMV
-    batched = {GEMV_MAX_ROWS + 1, 64, TC_DECODE_MAX_ROWS}  # matmul_tc_decode on tensor cores
-    assert all(fused(T) == ({fo.ROPE_KV, fo.SWIGLU} if tensor_cores else set()) for T in batched)
+    # matmul_tc_decode on tensor cores; a host's gate/up of more tokens than
+    # TC_SWIGLU_HOST_MAX_ROWS on the split-K tile, SwiGLU a kernel of its own
+    for T in (GEMV_MAX_ROWS + 1, TC_SWIGLU_HOST_MAX_ROWS):
+        assert fused(T) == ({fo.ROPE_KV, fo.SWIGLU} if tensor_cores else set())
+    for T in (TC_SWIGLU_HOST_MAX_ROWS + 1, 64, TC_DECODE_MAX_ROWS):
+        assert fused(T) == ({fo.ROPE_KV} if tensor_cores else set())
     assert fused(TC_DECODE_MAX_ROWS + 1) == set()  # a prompt chunk: matmul_tc's tile
 
 
