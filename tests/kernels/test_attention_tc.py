@@ -64,8 +64,8 @@ def random_case(rng, H, K, chunks, B=4, N=48):
     return (qkv, positions, seq_rows, tables, pool, layer), expected
 
 
-# 2, 3 and 4 query heads a KV head (1: the GPU test below)
-@pytest.mark.parametrize("heads,kv_heads", [(4, 2), (6, 2), (4, 1)])
+# 3 and 4 query heads a KV head (2: the ragged batch below; 1: the GPU test)
+@pytest.mark.parametrize("heads,kv_heads", [(6, 2), (4, 1)])
 def test_prompt_tiles_match_the_reference(rng, heads, kv_heads):
     """Chunks that fill whole tiles (the simulator's block is one warp, 32 threads: the per-token
     path there cannot take a 64-dim head, so every token here is a tile's): a chunk of two tiles
