@@ -227,27 +227,14 @@ def _serial_quad_sum(value):
 
 @cuda.jit(device=True, inline=True)
 def _serial_warp_values_sum(value):
-    """Simulator form of ``warp_sum`` (its block is one warp: every thread must call it)."""
-    scratch = cuda.shared.array(THREADS, float32)
-    scratch[cuda.threadIdx.x] = value
-    cuda.syncthreads()
-    total = float32(0)
-    for j in range(WARP):
-        total += scratch[j]
-    cuda.syncthreads()
-    return total
+    """Simulator form of ``warp_sum``: its block is one warp, so the block's sum with scratch of
+    its own (every thread must call it)."""
+    return _serial_sum(value, cuda.shared.array(THREADS, float32))
 
 
 @cuda.jit(device=True, inline=True)
 def _serial_warp_values_max(value):
-    scratch = cuda.shared.array(THREADS, float32)
-    scratch[cuda.threadIdx.x] = value
-    cuda.syncthreads()
-    best = scratch[0]
-    for j in range(1, WARP):
-        best = max(best, scratch[j])
-    cuda.syncthreads()
-    return best
+    return _serial_max(value, cuda.shared.array(THREADS, float32))
 
 
 @cuda.jit(device=True, inline=True)

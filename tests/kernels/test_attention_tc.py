@@ -11,11 +11,8 @@ from blink_edu.kernels.attention import (attention_kernel, attention_work_items,
                                          paged_attention_kernel, uses_attention_tiles)
 from blink_edu.kernels.attention_tc import HEAD_DIM, ROWS
 from blink_edu.kernels.reduce import THREADS, cuda, grid_for
-from blink_edu.model import reference as ref
 
-
-def rel_err(a, b) -> float:
-    return float(np.linalg.norm(np.asarray(a, np.float64) - b) / np.linalg.norm(b))
+from test_ops import attention_inputs, rel_err
 
 
 def chunk_batch(rng, chunks, block_size, num_blocks):
@@ -53,14 +50,9 @@ def tile_tokens(positions, seq_rows, group):
 
 
 def random_case(rng, H, K, chunks, B=4, N=48):
-    E = HEAD_DIM
     positions, seq_rows, tables = chunk_batch(rng, chunks, B, N)
-    T = len(positions)
-    q = rng.standard_normal((T, H, E)).astype(np.float32)
-    qkv = np.concatenate([q.reshape(T, -1), rng.standard_normal((T, 2 * K * E))], 1).astype(np.float32)
-    pool = rng.standard_normal((N, 2, 2, B, K, E)).astype(np.float32)
-    layer = int(rng.integers(2))
-    expected = ref.paged_attention(q, positions, seq_rows, pool, layer, tables).reshape(T, H * E)
+    (qkv, pool, layer), expected = attention_inputs(rng, positions, seq_rows, tables, H, K,
+                                                    HEAD_DIM, B, N)
     return (qkv, positions, seq_rows, tables, pool, layer), expected
 
 

@@ -122,6 +122,19 @@ def test_rope_and_kv_write_match_reference(rng):
     np.testing.assert_allclose(pool_d.copy_to_host(), pool_ref, rtol=1e-5, atol=1e-6)
 
 
+def attention_inputs(rng, positions, seq_rows, tables, H, K, E, block_size, num_blocks):
+    """Random queries, keys and values for a flat batch over a paged pool: the kernel's inputs
+    qkv (T, (H + 2K) E), pool (N, layers=2, k/v, B, K, E), layer; and the reference's output
+    (T, H E)."""
+    T = len(positions)
+    q = rng.standard_normal((T, H, E)).astype(np.float32)
+    qkv = np.concatenate([q.reshape(T, -1), rng.standard_normal((T, 2 * K * E))], 1).astype(np.float32)
+    pool = rng.standard_normal((num_blocks, 2, 2, block_size, K, E)).astype(np.float32)
+    layer = int(rng.integers(2))
+    expected = ref.paged_attention(q, positions, seq_rows, pool, layer, tables).reshape(T, H * E)
+    return (qkv, pool, layer), expected
+
+
 WARP_PAIRS_SIM_ONLY = pytest.mark.skipif(
     not SIMULATOR, reason="on a GPU the per-token path is a compile-time constant "
     "(BLINK_EDU_DECODE_ATTENTION): tools/attention_probe.py --decode checks the warp path there")
@@ -143,12 +156,8 @@ def test_paged_attention_over_a_ragged_batch(rng, monkeypatch, heads, kv_heads, 
     H, K, E, B, N = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, 4, 40
     max_len = 3 * THREADS // 2 + 5  # contexts longer than one chunk of THREADS positions
     positions, seq_rows, tables = ragged_batch(rng, 3, B, N, max_len)
+    (qkv, pool, layer), expected = attention_inputs(rng, positions, seq_rows, tables, H, K, E, B, N)
     T = len(positions)
-    q = rng.standard_normal((T, H, E)).astype(np.float32)
-    qkv = np.concatenate([q.reshape(T, -1), rng.standard_normal((T, 2 * K * E))], 1).astype(np.float32)
-    pool = rng.standard_normal((N, 2, 2, B, K, E)).astype(np.float32)
-    layer = int(rng.integers(2))
-    expected = ref.paged_attention(q, positions, seq_rows, pool, layer, tables).reshape(T, H * E)
     out = dev(np.full((T, H * E), np.nan, np.float32))
     paged_attention_kernel[grid_for(T * H), THREADS](dev(qkv), dev(positions), dev(seq_rows),
                                                       dev(tables), dev(pool), layer, H, K, out)
