@@ -57,11 +57,13 @@ HEAD_DIM = 64  # E: the only head size the tile takes
 
 
 def chunk_positions(value: str | None) -> int:
-    """KV positions a chunk, from ``BLINK_EDU_ATTENTION_CHUNK`` (read once, at import): 16 by
-    default, 32 or 64 to compare (``tools/attention_probe.py``). Shared memory grows with it,
-    ``KC x (E / 2 + 4) + E x (KC / 2 + 4)`` words (5.4 KB at 16, 18 KB at 64), which only the
-    eager and graph executors' kernels can hold: the persistent kernel's ops share 48 KB."""
-    kc = int(value or 16)
+    """KV positions a chunk, from ``BLINK_EDU_ATTENTION_CHUNK`` (read once, at import): 32 by
+    default — on the H200 one 512-token prompt of the 135M shape took 52 µs a layer at 32 against
+    69 at 16 and 63 at 64 (``tools/attention_probe.py``; 64 runs out of registers). Shared memory
+    grows with it, ``KC x (E / 2 + 4) + E x (KC / 2 + 4)`` words (5.4 KB at 16, 9.5 KB at 32,
+    18 KB at 64): the persistent kernel's ops share 48 KB, and hold 47.8 KB at 32, so 64 is for
+    the eager and graph executors only."""
+    kc = int(value or 32)
     if kc not in (16, 32, 64):
         raise ValueError(f"BLINK_EDU_ATTENTION_CHUNK must be 16, 32 or 64, got {value!r}")
     return kc
