@@ -61,12 +61,18 @@ timeout 200 ncu --clock-control none -k regex:paged_attention --section LaunchSt
   python3 tools/attention_probe.py --once --tokens 512 > "$OUT/ncu_attention.txt" 2>&1
 grep -E "paged_attention|Duration|Registers Per|Achieved Occ|Warp Cycles Per Issued|Grid Size" "$OUT/ncu_attention.txt" | head -30
 ;;
-profile)  # one layer of a 135M batch-1 decode step under Nsight Compute, stall reasons included
-timeout 200 ncu --clock-control none --launch-skip 427 --launch-count 7 \
-  --section LaunchStats --section Occupancy --section SpeedOfLight --section WarpStateStats \
-  --section SchedulerStats --section MemoryWorkloadAnalysis --section SourceCounters \
-  python3 tools/profile_decode_step.py --steps 1 > "$OUT/ncu_layer.txt" 2>&1
-grep -E "Context 1|Duration|Registers Per|Achieved Occ|Warp Cycles Per Issued|DRAM Throughput|stalled|Grid Size" "$OUT/ncu_layer.txt" | head -80
+profile)  # Nsight Compute on the first kernels (the embedding, then layer 0) of three steps of the
+          # 135M shape: a batch-1 decode step, a batch-64 decode step, one 512-token prefill
+NCU="ncu --clock-control none --profile-from-start off --section LaunchStats --section Occupancy
+  --section SpeedOfLight --section WarpStateStats --section SchedulerStats
+  --section MemoryWorkloadAnalysis --section ComputeWorkloadAnalysis
+  --metrics sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_active"
+for run in "b1 --batch 1 --prompt 128" "b64 --batch 64 --prompt 128" "prefill512 --batch 1 --prompt 512 --step prefill"; do
+  set -- $run; name=$1; shift
+  timeout 180 $NCU --launch-count 12 python3 tools/profile_decode_step.py "$@" > "$OUT/ncu_$name.txt" 2>&1
+  echo "== $name"; grep -E "^  [a-z_]+.*regs|^  [a-zA-Z_]+.*\(|Duration|Registers Per|Achieved Occ|Warp Cycles Per Issued|DRAM Throughput|Compute \(SM\) Th|hmma" "$OUT/ncu_$name.txt" \
+    | grep -v "^  *[a-z_]* *regs" | sed 's/  */ /g' | head -90
+done
 ;;
 *) echo "usage: $0 tests|kernels|decode|serving|attention|profile" >&2; exit 2 ;;
 esac

@@ -67,7 +67,7 @@ from .matmul_tc_decode import (tc_decode_items, tc_decode_linear, tc_decode_line
                                tc_decode_qkv_rope, tc_decode_qkv_rope_kernel, tc_decode_swiglu,
                                tc_decode_swiglu_kernel)
 from .reduce import THREADS, cuda, grid_for, warp_sum
-from .rope import place_pair
+from .rope import pair_target, place_pair
 
 # Decode batches up to this many tokens take the GEMV path. Measured on the H200 (the 135M
 # shapes, ``tools/tc_matmul_probe.py``): the GEMV's time grows with every token (it reads each
@@ -91,9 +91,10 @@ TC_SWIGLU_HOST_MAX_ROWS = 32
 # with shuffles. Numba's simulator has no shuffles, so there each thread owns a whole row.
 LANES = 1 if get_backend().is_simulator else 32
 ROWS_PER_ITEM = THREADS // LANES  # output rows one block computes per GEMV work item
-# Wide loads each lane has in flight at once in the GEMV's inner loop: 4 x 8 weights cover a
-# 1024-wide row in one round. More would be issued for nothing on short rows and cost
-# instructions, which at one warp per scheduler is what a small GEMV spends its time on.
+# Wide loads each lane has in flight at once in the GEMV's inner loop (``row_dots_wide`` writes
+# its four out): 4 x 8 weights cover a 1024-wide row in one round. More would be issued for
+# nothing on short rows and cost instructions, which at one warp per scheduler is what a small
+# GEMV spends its time on.
 UNROLL = 4
 TILE = 32  # tiled path: TILE tokens x TILE outputs per work item, TILE-wide k steps
 PER_THREAD = TILE * TILE // THREADS  # outputs each thread accumulates in the tiled path
@@ -131,62 +132,88 @@ def dot8_scaled(a, b, g):
 
 
 @cuda.jit(device=True, inline=True)
-def row_dot_wide(x, xr, norm_w, w, o, lane):
-    """This lane's share of ((x[xr] * norm_w?) . w[o], x[xr] . x[xr]), eight weights per load
-    (``loads.py``): lane l reads w[o, 8l : 8l + 8], then 8 (l + LANES) ... Needs I % 8 == 0.
-    The sum of squares (for the RMS norm) comes from the same loads of x; 0 without a norm."""
-    I = w.shape[1]
-    use_norm = norm_w.shape[0] > 0
-    dot = float32(0)
-    squares = float32(0)
-    for k0 in range(lane * VEC, I, LANES * VEC * UNROLL):
-        for u in range(UNROLL):  # a constant trip count: unrolled, its loads issued together
-            k = k0 + u * LANES * VEC
-            if k < I:
-                wk = load8(w, o, k)
-                xk = load8(x, xr, k)
-                if use_norm:
-                    dot += dot8_scaled(wk, xk, load8_1d(norm_w, k))
-                    squares += dot8(xk, xk)
-                else:
-                    dot += dot8(wk, xk)
-    return dot, squares
+def add_dots8(x, xr, norm_w, w, o, o2, k, dot, dot2, squares):
+    """(dot, dot2, squares) plus inputs k .. k + 7 of ``row_dots_wide``'s three sums."""
+    if k < w.shape[1]:
+        wk = load8(w, o, k)
+        xk = load8(x, xr, k)
+        if norm_w.shape[0] > 0:
+            gk = load8_1d(norm_w, k)
+            dot += dot8_scaled(wk, xk, gk)
+            squares += dot8(xk, xk)
+            if o2 >= 0:
+                dot2 += dot8_scaled(load8(w, o2, k), xk, gk)
+        else:
+            dot += dot8(wk, xk)
+            if o2 >= 0:
+                dot2 += dot8(load8(w, o2, k), xk)
+    return dot, dot2, squares
 
 
 @cuda.jit(device=True, inline=True)
-def row_dot(x, xr, norm_w, w, o, lane):
-    """``row_dot_wide`` one element at a time (any I): elements lane, lane + LANES, ..."""
+def row_dots_wide(x, xr, norm_w, w, o, o2, lane):
+    """This lane's share of ((x[xr] * norm_w?) . w[o], the same for row ``o2`` (0 when
+    ``o2 < 0``: one row), x[xr] . x[xr]), eight weights per load (``loads.py``): lane l reads
+    w[o, 8l : 8l + 8], then 8 (l + LANES) ... Needs I % 8 == 0. The two rows' loads are in
+    flight together — one wait for memory, not two — and share the loads of x; the sum of
+    squares (for the RMS norm) comes from those loads too; 0 without a norm.
+
+    Each round issues UNROLL (4) groups of loads before it uses any of them: written out four
+    times, because Numba has no unroll pragma and LLVM leaves a loop body this large rolled
+    (each group's loads would then wait for the group before it)."""
+    dot, dot2, squares = float32(0), float32(0), float32(0)
+    step = LANES * VEC
+    for k in range(lane * VEC, w.shape[1], step * UNROLL):
+        dot, dot2, squares = add_dots8(x, xr, norm_w, w, o, o2, k, dot, dot2, squares)
+        dot, dot2, squares = add_dots8(x, xr, norm_w, w, o, o2, k + step, dot, dot2, squares)
+        dot, dot2, squares = add_dots8(x, xr, norm_w, w, o, o2, k + 2 * step, dot, dot2,
+                                       squares)
+        dot, dot2, squares = add_dots8(x, xr, norm_w, w, o, o2, k + 3 * step, dot, dot2,
+                                       squares)
+    return dot, dot2, squares
+
+
+@cuda.jit(device=True, inline=True)
+def row_dots(x, xr, norm_w, w, o, o2, lane):
+    """``row_dots_wide`` one element at a time (any I): elements lane, lane + LANES, ..."""
     I = w.shape[1]
     use_norm = norm_w.shape[0] > 0
-    dot = float32(0)
-    squares = float32(0)
+    dot, dot2, squares = float32(0), float32(0), float32(0)
     for i0 in range(lane, I, LANES * UNROLL):
         for u in range(UNROLL):
             i = i0 + u * LANES
             if i < I:
-                wi = float32(w[o, i])
                 xi = x[xr, i]
                 if use_norm:
-                    wi *= norm_w[i]
+                    xi_g = xi * norm_w[i]
                     squares += xi * xi
-                dot += wi * xi
-    return dot, squares
+                else:
+                    xi_g = xi
+                dot += float32(w[o, i]) * xi_g
+                if o2 >= 0:
+                    dot2 += float32(w[o2, i]) * xi_g
+    return dot, dot2, squares
 
 
 @cuda.jit(device=True, inline=True)
-def normed_row_dot(x, xr, norm_w, eps, w, o, lane):
-    """rms_norm?(x[xr]) . w[o], in every lane of the LANES sharing row o. The norm rides along:
-    (x * g) . w scaled by 1 / rms(x), whose sum of squares the lanes gathered from the x they
-    loaded anyway, so the GEMV needs no separate pass over x, no shared memory, no barrier."""
+def normed_row_dots(x, xr, norm_w, eps, w, o, o2, lane):
+    """(rms_norm?(x[xr]) . w[o], the same for row ``o2``, or 0 when ``o2 < 0``), in every lane
+    of the LANES sharing the rows. The norm rides along: (x * g) . w scaled by 1 / rms(x),
+    whose sum of squares the lanes gathered from the x they loaded anyway, so the GEMV needs no
+    separate pass over x, no shared memory, no barrier."""
     I = w.shape[1]
     if loads.WIDE_LOADS and I % VEC == 0:  # every row 16-byte aligned: wide loads
-        dot, squares = row_dot_wide(x, xr, norm_w, w, o, lane)
+        dot, dot2, squares = row_dots_wide(x, xr, norm_w, w, o, o2, lane)
     else:
-        dot, squares = row_dot(x, xr, norm_w, w, o, lane)
+        dot, dot2, squares = row_dots(x, xr, norm_w, w, o, o2, lane)
     dot = lane_sum(dot)
+    if o2 >= 0:
+        dot2 = lane_sum(dot2)
     if norm_w.shape[0] > 0:
-        dot *= float32(1) / math.sqrt(lane_sum(squares) / I + eps)
-    return dot
+        inv_rms = float32(1) / math.sqrt(lane_sum(squares) / I + eps)
+        dot *= inv_rms
+        dot2 *= inv_rms
+    return dot, dot2
 
 
 @cuda.jit(device=True)
@@ -201,7 +228,7 @@ def gemv(x, x_rows, norm_w, eps, w, bias, out, accumulate, block, n_blocks):
         o = item * ROWS_PER_ITEM + tid // LANES  # this warp's output row
         if o < w.shape[0]:  # a whole warp agrees, so the shuffles inside see all 32 lanes
             for r in range(x_rows.shape[0]):
-                dot = normed_row_dot(x, x_rows[r], norm_w, eps, w, o, lane)
+                dot, _ = normed_row_dots(x, x_rows[r], norm_w, eps, w, o, -1, lane)
                 if lane == 0:
                     store_output(out, r, o, dot, bias, accumulate)
 
@@ -219,10 +246,9 @@ def gemv_swiglu(x, x_rows, norm_w, eps, w, bias, act, block, n_blocks):
         j = item * ROWS_PER_ITEM + tid // LANES
         if j < F:
             for r in range(x_rows.shape[0]):
-                g = plus_bias(normed_row_dot(x, x_rows[r], norm_w, eps, w, j, lane), bias, j)
-                u = plus_bias(normed_row_dot(x, x_rows[r], norm_w, eps, w, F + j, lane), bias,
-                              F + j)
+                g, u = normed_row_dots(x, x_rows[r], norm_w, eps, w, j, F + j, lane)
                 if lane == 0:
+                    g, u = plus_bias(g, bias, j), plus_bias(u, bias, F + j)
                     act[r, j] = silu_times(g, u)
 
 
@@ -245,12 +271,14 @@ def gemv_qkv_rope(x, x_rows, norm_w, eps, w, bias, qkv, positions, seq_rows, blo
             o = head * E + i
             for r in range(x_rows.shape[0]):
                 t = x_rows[r]
-                x1 = plus_bias(normed_row_dot(x, t, norm_w, eps, w, o, lane), bias, o)
-                x2 = plus_bias(normed_row_dot(x, t, norm_w, eps, w, o + half, lane), bias,
-                               o + half)
+                # where the pair goes, read before it is computed: its loads overlap the dots'
+                target = pair_target(positions, seq_rows, block_tables, cos, sin, t, i,
+                                     kv_pool.shape[3])
+                x1, x2 = normed_row_dots(x, t, norm_w, eps, w, o, o + half, lane)
                 if lane == 0:
-                    place_pair(qkv, t, head, i, x1, x2, positions, seq_rows, block_tables, cos,
-                               sin, kv_pool, layer, num_heads, num_kv_heads)
+                    place_pair(qkv, t, head, i, plus_bias(x1, bias, o),
+                               plus_bias(x2, bias, o + half), target, kv_pool, layer, num_heads,
+                               num_kv_heads)
 
 
 @cuda.jit(device=True, inline=True)

@@ -62,7 +62,7 @@ from .elementwise import silu_times
 from .loads import VEC, load8_at
 from .matmul_tc import mma_m16n8k16, pack_half2, plus_bias, store_output
 from .reduce import THREADS, WARP, cuda
-from .rope import place_pair
+from .rope import pair_target, place_pair
 
 MT = 1  # m16 tiles a row group (a work item's rows): 16 tokens
 NJ = 2  # n8 tiles a work item: the two column groups of a pair
@@ -334,9 +334,12 @@ def tc_decode_qkv_rope(x, x_rows, norm_w, eps, w, bias, qkv, positions, seq_rows
                 row, col, x1, x2 = pair_result(red, e, norm_w, eps, I)
                 r, i = r0 + mi * 16 + row, i0 + col
                 if r < R and i < half:
-                    place_pair(qkv, x_rows[r], head, i, plus_bias(x1, bias, o0 + col),
-                               plus_bias(x2, bias, o0 + half + col), positions, seq_rows,
-                               block_tables, cos, sin, kv_pool, layer, num_heads, num_kv_heads)
+                    t = x_rows[r]
+                    target = pair_target(positions, seq_rows, block_tables, cos, sin, t, i,
+                                         kv_pool.shape[3])
+                    place_pair(qkv, t, head, i, plus_bias(x1, bias, o0 + col),
+                               plus_bias(x2, bias, o0 + half + col), target, kv_pool, layer,
+                               num_heads, num_kv_heads)
             cuda.syncthreads()
 
 

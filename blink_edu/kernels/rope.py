@@ -22,32 +22,32 @@ from .reduce import THREADS, cuda
 
 
 @cuda.jit(device=True, inline=True)
-def kv_slot(positions, seq_rows, block_tables, t, block_size):
-    """(block, slot) of token t's paged KV slot (the module docstring)."""
+def pair_target(positions, seq_rows, block_tables, cos, sin, t, i, block_size):
+    """What placing pair ``i`` of token t needs: (cos, sin) of its rotation at the token's
+    position p, and its paged slot (block, slot) = (block_tables[s, p // B], p % B) (the module
+    docstring). Its own function so that a caller can issue these loads early (``linear.py``
+    reads them before its dot products, so that they overlap)."""
     p = positions[t]
-    return block_tables[seq_rows[t], p // block_size], p % block_size
+    return (cos[p, i], sin[p, i], block_tables[seq_rows[t], p // block_size], p % block_size)
 
 
 @cuda.jit(device=True, inline=True)
-def place_pair(qkv, t, head, i, x1, x2, positions, seq_rows, block_tables, cos, sin, kv_pool,
-               layer, num_heads, num_kv_heads):
+def place_pair(qkv, t, head, i, x1, x2, target, kv_pool, layer, num_heads, num_kv_heads):
     """Where elements i and i + E/2 of head ``head`` of token t's fresh [q | k | v] go: a query
     pair rotated, in place in qkv (T, (H + 2K) E); a key pair rotated and a value pair as it is,
-    into the token's paged slot of kv_pool (N, L, 2, B, K, E). cos, sin (max_positions, E/2).
-    ``rope_and_write_kv`` calls it with the pair read from qkv; the qkv GEMV (``linear.py``), at
-    decode, with the pair it has just computed."""
+    into the token's paged slot of kv_pool (N, L, 2, B, K, E). ``target``: ``pair_target``'s
+    (cos, sin, block, slot). ``rope_and_write_kv`` calls it with the pair read from qkv; the
+    qkv GEMV (``linear.py``), at decode, with the pair it has just computed."""
     E = kv_pool.shape[5]
     half = E // 2
     H, K = num_heads, num_kv_heads
+    c, s, blk, slot = target
     if head < H + K:  # a query or key pair: rotate by the token's position
-        p = positions[t]
-        c, s = cos[p, i], sin[p, i]
         x1, x2 = x1 * c - x2 * s, x2 * c + x1 * s
     if head < H:
         qkv[t, head * E + i] = x1
         qkv[t, head * E + i + half] = x2
     else:
-        blk, slot = kv_slot(positions, seq_rows, block_tables, t, kv_pool.shape[3])
         which = 0 if head < H + K else 1  # 0: keys, 1: values
         kv_head = head - H - which * K
         kv_pool[blk, layer, which, slot, kv_head, i] = x1
@@ -67,9 +67,9 @@ def rope_and_write_kv(qkv, positions, seq_rows, block_tables, cos, sin, kv_pool,
                    n_blocks * THREADS):
         t, j = e // per_token, e % per_token
         head, i = j // half, j % half
-        place_pair(qkv, t, head, i, qkv[t, head * E + i], qkv[t, head * E + i + half],
-                   positions, seq_rows, block_tables, cos, sin, kv_pool, layer, num_heads,
-                   num_kv_heads)
+        target = pair_target(positions, seq_rows, block_tables, cos, sin, t, i, kv_pool.shape[3])
+        place_pair(qkv, t, head, i, qkv[t, head * E + i], qkv[t, head * E + i + half], target,
+                   kv_pool, layer, num_heads, num_kv_heads)
 
 
 def rope_work_items(num_tokens: int, num_heads: int, num_kv_heads: int, head_dim: int) -> int:
