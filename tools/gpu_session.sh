@@ -9,7 +9,7 @@
 #   BLINK_EDU_COMMIT=<sha> bash tools/gpu_session.sh kernels
 #   BLINK_EDU_COMMIT=<sha> bash tools/gpu_session.sh decode
 #   BLINK_EDU_COMMIT=<sha> bash tools/gpu_session.sh serving
-#   bash tools/gpu_session.sh profile    # Nsight Compute on one layer of a decode step
+#   bash tools/gpu_session.sh profile    # Nsight Compute on layer 0 of a b1 step, a b64 step, a prefill
 #   BLINK_EDU_COMMIT=<sha> bash tools/gpu_session.sh attention  # the prompt attention tile, compared
 # The server's packages (fastapi, starlette, uvicorn, pydantic and their needs) are not on the GPU
 # machine: fetch them here as cp312 wheels into .whl/ (git-ignored) and carry .whl with the call:
