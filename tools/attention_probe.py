@@ -2,7 +2,7 @@
 the SmolLM2-135M shape (9 query / 3 KV heads of 64), inside a CUDA graph.
 
     python tools/attention_probe.py [--tokens 128 512 2048] [--chunks 16 32 64] [--replays 20] [--json F]
-    python tools/attention_probe.py --decode [--batches 1 8 64] [--contexts 48 512]
+    python tools/attention_probe.py --decode [--batches 1 8 64] [--contexts 48 512] [--spans 0 64 128]
     ncu -k regex:paged_attention --section ... python tools/attention_probe.py --once --tokens 512
 
 For each prompt length P (a whole prompt in one step, positions 0..P-1, KV in scattered blocks of
@@ -11,9 +11,9 @@ q, k, v and the probabilities to fp16), then times ``--replays`` launches of eac
 CuPy graph (a launch from Python costs ~55 µs, more than a short prompt's attention).
 ``--chunks``: the tile's KV positions a chunk (``BLINK_EDU_ATTENTION_CHUNK``, a compile-time
 constant), each value timed in a process of its own. ``--decode``: decode batches instead (one
-token a sequence, contexts ``--contexts``), the per-token path built as a block a (token, head)
-and as a warp a (token, head) (``BLINK_EDU_DECODE_ATTENTION``), each against the NumPy
-reference. Prints the table; with ``--json`` writes it
+token a sequence, contexts ``--contexts``), the per-token path built with each of ``--spans``
+(``BLINK_EDU_DECODE_SPAN``: the fewest positions a split walks; 0, never split), each against
+the NumPy reference. Prints the table; with ``--json`` writes it
 with the machine and the commit (``BLINK_EDU_COMMIT``).
 """
 
@@ -33,8 +33,8 @@ from tc_matmul_probe import time_in_graph  # noqa: E402  (tools/, beside this sc
 
 from blink_edu.bench.results import commit, machine  # noqa: E402
 from blink_edu.kernels import attention, attention_tc  # noqa: E402
-from blink_edu.kernels.attention import (attention_work_items, paged_attention_kernel,  # noqa: E402
-                                         paged_attention_tc_kernel)
+from blink_edu.kernels.attention import (attention_scratch, attention_work_items,  # noqa: E402
+                                         paged_attention_kernel, paged_attention_tc_kernel)
 from blink_edu.kernels.reduce import THREADS, cuda, grid_for  # noqa: E402
 
 H, K, E, B = 9, 3, 64, 16
@@ -58,8 +58,9 @@ def probe(P: int, replays: int, rng, once: bool = False) -> dict:
         out = cuda.to_device(np.full((P, H * E), np.nan, np.float32))
         grid = grid_for(attention_work_items(P, H, K, E, tiles))
 
-        def launch(stream, _, kernel=kernel, out=out, grid=grid):
-            kernel[grid, THREADS, stream](qkv, positions, seq_rows, tables, pool, 7, H, K, out)
+        def launch(stream, _, kernel=kernel, out=out, grid=grid, scratch=attention_scratch(E)):
+            kernel[grid, THREADS, stream](qkv, positions, seq_rows, tables, pool, 7, H, K, out,
+                                          *scratch)
 
         if once:
             launch(0, 0)
@@ -93,15 +94,16 @@ def probe_decode(batch: int, context: int, replays: int, rng) -> dict:
             (qkv.astype(np.float32), positions, seq_rows, tables, pool)]
     out = cuda.to_device(np.full((batch, H * E), np.nan, np.float32))
     grid = grid_for(attention_work_items(batch, H, K, E, False))
+    scratch = attention_scratch(E)
 
     def launch(stream, _):
-        paged_attention_kernel[grid, THREADS, stream](*args[:5], 7, H, K, out)
+        paged_attention_kernel[grid, THREADS, stream](*args[:5], 7, H, K, out, *scratch)
 
     us = time_in_graph(launch, replays, runs=5)
     expected = ref.paged_attention(q, positions, seq_rows, pool, 7, tables).reshape(batch, -1)
     got = out.copy_to_host()
-    return {"path": attention.decode_path(os.environ.get("BLINK_EDU_DECODE_ATTENTION")),
-            "batch": batch, "context": context, "us": us,
+    return {"span": attention.span_from_environment(os.environ.get("BLINK_EDU_DECODE_SPAN")),
+            "splits": attention.attention_splits(batch * H), "batch": batch, "context": context, "us": us,
             "rel_err": float(np.linalg.norm(got - expected) / np.linalg.norm(expected))}
 
 
@@ -123,9 +125,9 @@ def rows_in_children(args, variable: str, values: list, own_rows) -> list[dict]:
 def print_rows(rows: list[dict], decode: bool) -> bool:
     """The table; whether every row agrees with its reference."""
     if decode:
-        print(f"{'path':>6s} {'batch':>6s} {'context':>8s} {'µs':>8s} {'rel err':>9s}")
+        print(f"{'span':>5s} {'splits':>6s} {'batch':>6s} {'context':>8s} {'µs':>8s} {'rel err':>9s}")
         for r in rows:
-            print(f"{r['path']:>6s} {r['batch']:6d} {r['context']:8d} {r['us']:8.1f} "
+            print(f"{r['span']:5d} {r['splits']:6d} {r['batch']:6d} {r['context']:8d} {r['us']:8.1f} "
                   f"{r['rel_err']:9.1e}")
         return all(r["rel_err"] < 1e-4 for r in rows)
     print(f"{'chunk':>5s} {'tokens':>7s} {'per-token µs':>13s} {'tile µs':>9s} {'speedup':>8s} "
@@ -141,7 +143,8 @@ def main() -> int:
     parser.add_argument("--tokens", type=int, nargs="+", default=[128, 512, 2048])
     parser.add_argument("--chunks", type=int, nargs="+", default=[16])
     parser.add_argument("--decode", action="store_true",
-                        help="decode batches instead: the per-token path, block against warp")
+                        help="decode batches instead: the per-token path at each of --spans")
+    parser.add_argument("--spans", type=int, nargs="+", default=[0, 64, 128])
     parser.add_argument("--batches", type=int, nargs="+", default=[1, 8, 64])
     parser.add_argument("--contexts", type=int, nargs="+", default=[48, 512])
     parser.add_argument("--replays", type=int, default=20)
@@ -156,7 +159,7 @@ def main() -> int:
         print(f"chunk {attention_tc.KC}, {row['tokens']} tokens: rel diff {row['rel_diff']:.1e}")
         return 0 if row["rel_diff"] < 1e-2 else 1
     if args.decode:
-        rows = rows_in_children(args, "BLINK_EDU_DECODE_ATTENTION", ["block", "warp"], lambda: [
+        rows = rows_in_children(args, "BLINK_EDU_DECODE_SPAN", args.spans, lambda: [
             probe_decode(b, c, args.replays, rng) for c in args.contexts for b in args.batches])
     else:
         rows = rows_in_children(args, "BLINK_EDU_ATTENTION_CHUNK", args.chunks, lambda: [

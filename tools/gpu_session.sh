@@ -50,7 +50,7 @@ timeout 420 python3 -m blink_edu.bench.slo --real --executor graph --rates auto 
   --policies fcfs,lvf,waiting-first,swapped-first --out "$OUT" --no-progress 2>&1 | tail -12
 ;;
 attention)  # the prompt attention tile: chunk sizes 16 / 32 / 64 against the per-token path; decode
-            # batches on the per-token path, a block against a warp a (token, head); then Nsight
+            # batches on the per-token path, split over spans of 64 / 128 positions or not; then Nsight
             # Compute on both kernels at one 512-token prompt
 timeout 240 python3 tools/attention_probe.py --chunks 16 32 64 --json "$OUT/attention_probe.json" \
   2>&1 | grep -v -i warn | tee "$OUT/attention_probe.log" | tail -12

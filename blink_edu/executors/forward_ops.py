@@ -129,6 +129,8 @@ class StepBuffers(NamedTuple):
     step_seeds: object  # (S,) u32
     counters: object  # (S,) i32 tokens the row's request has generated (its random stream)
     tokens: object  # (S,) i32 the sampled tokens
+    attn_partials: object  # (P, E + 2) f32 and (P,) i32: what attention's splits exchange
+    attn_arrivals: object  # (``attention.attention_scratch``)
 
 
 class SamplingHistory(NamedTuple):
@@ -184,7 +186,7 @@ def forward_op(op, i, T, R, model, step, history, blk, nb):
                           H, K, blk, nb)
     elif op == ATTENTION:
         paged_attention(qkv, positions, seq_rows, s.block_tables, m.kv_pool, i, H, K, s.attn[:T],
-                        tc, blk, nb)
+                        s.attn_partials, s.attn_arrivals, tc, blk, nb)
     elif op == O_PROJ:
         linear(s.attn[:T], rows, m.no_norm, m.eps, m.w_o[i], m.b_o[i], x, 1, tc, blk, nb)
     elif op == GATE_UP and fused_into_linear_device(SWIGLU, T, tc):

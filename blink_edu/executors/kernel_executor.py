@@ -32,7 +32,7 @@ import numpy as np
 
 from ..backend import get_backend
 from ..config import EngineConfig
-from ..kernels.attention import attention_kernel, uses_attention_tiles
+from ..kernels.attention import attention_kernel, attention_scratch, uses_attention_tiles
 from ..kernels.elementwise import embed_tokens_kernel, swiglu_kernel
 from ..kernels.linear import (launch_linear, launch_linear_qkv_rope, launch_linear_swiglu,
                               uses_tensor_cores)
@@ -159,6 +159,7 @@ class EagerExecutor:
         self.gate_up = cuda.device_array((max_t, 2 * F), f32)
         self.act = cuda.device_array((max_t, F), f32)
         self.logits = cuda.device_array((max_s, cfg.vocab_size), f32)
+        self.attn_partials, self.attn_arrivals = attention_scratch(E)  # attention's splits
         self.all_rows = cuda.to_device(np.arange(max_t, dtype=np.int32))
         self.row_scale = cuda.device_array(max_t, f32)  # the tensor-core tile's 1 / rms per row
         self.tensor_cores = uses_tensor_cores(weight_dtype)  # batched steps on tensor cores
@@ -320,7 +321,8 @@ class EagerExecutor:
         tiles = uses_attention_tiles(self.tensor_cores, prompt_chunks, H // K, self.config.head_dim)
         attention_kernel(tiles)[op_grid(ATTENTION, qkv.shape[0], 0, self.config, tiles), THREADS,
                                 self.stream](
-            qkv, positions, seq_rows, block_tables, self.kv_pool, layer, H, K, out)
+            qkv, positions, seq_rows, block_tables, self.kv_pool, layer, H, K, out,
+            self.attn_partials, self.attn_arrivals)
 
     def run_bucket(self, s_b: int, t_b: int) -> None:
         self.copy_inputs(s_b, t_b)

@@ -30,6 +30,7 @@ import numpy as np
 
 from ..backend import get_backend
 from ..config import EngineConfig
+from ..kernels.attention import attention_scratch
 from ..kernels.linear import uses_tensor_cores
 from ..kernels.reduce import THREADS, cuda
 from ..kernels.sync import clock_handshake
@@ -117,6 +118,7 @@ class PersistentExecutor:
             free_top=cuda.to_device(np.array([N], i32)),
             sched=cuda.to_device(self._initial_sched()),
             candidates=cuda.device_array(pk.MAX_CANDIDATES, i32))
+        attn_partials, attn_arrivals = attention_scratch(E)  # attention's splits
         self.step_buffers = StepBuffers(
             x=cuda.device_array((T, D), f32), qkv=cuda.device_array((T, (H + 2 * K) * E), f32),
             attn=cuda.device_array((T, H * E), f32), gate_up=cuda.device_array((T, 2 * F), f32),
@@ -128,7 +130,8 @@ class PersistentExecutor:
             logit_rows=cuda.device_array(S, i32),
             step_temperature=cuda.device_array(S, f32), step_top_p=cuda.device_array(S, f32),
             step_top_k=cuda.device_array(S, i32), step_seeds=cuda.device_array(S, np.uint32),
-            counters=cuda.device_array(S, i32), tokens=cuda.device_array(S, i32))
+            counters=cuda.device_array(S, i32), tokens=cuda.device_array(S, i32),
+            attn_partials=attn_partials, attn_arrivals=attn_arrivals)
         self.row_lane = cuda.device_array(S, i32)  # (R,) each sampled row's lane
         self.num_kv_blocks = N
         self.control = host_words(pk.NUM_CONTROL_WORDS)  # (C,) int64 host memory the GPU sees

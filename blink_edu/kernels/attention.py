@@ -1,10 +1,14 @@
 """Paged attention over a ragged flat batch: every token attends to its own sequence's past.
 
-A work item is one (token, query head). The block walks the token's context — positions
-``0..p`` of its sequence, found through the block table — in chunks of ``THREADS`` positions:
+A work item is one (token, query head) — or, when the batch has few of them, one *split* of a
+(token, head): its context cut into spans walked by different blocks at once (flash-decoding,
+Dao et al. 2023), so that a batch-1 step does not leave all but nine SMs idle. A block walks its
+span — positions of the token's sequence, found through the block table — in chunks of
+``THREADS`` positions:
 
 1. each thread scores one position: ``s = q . k / sqrt(E)`` (the key read from its paged slot,
-   eight dimensions a load — ``loads.py`` — all issued before the first is used);
+   eight dimensions a load — ``loads.py`` — all issued before the first is used), and writes
+   down where that position lives (its KV block and slot) for the value pass;
 2. an *online softmax* (Milakov & Gimelshein; FlashAttention) keeps a running max ``m`` and
    running sum ``l``: a new chunk with a larger max rescales what was accumulated by
    ``exp(m_old - m_new)``, so the scores never need to be stored beyond one chunk;
@@ -12,20 +16,23 @@ A work item is one (token, query head). The block walks the token's context — 
    of the chunk's positions. With ``E % 8 == 0`` a group is ``E / 8`` threads, each owning 8
    dimensions read with one wide load (16 position groups at E = 64, so a 48-token context
    costs each thread three loads, all in flight at once); otherwise a group is ``E`` threads,
-   thread ``e`` owning dimension ``e`` (consecutive threads on consecutive addresses).
+   thread ``e`` owning dimension ``e`` (consecutive threads on consecutive addresses). The
+   positions' blocks and slots come from step 1 (shared memory), not from the block table again:
+   a division and a dependent global load less a position.
 
-At the end the groups' partial sums are added and ``out = acc / l``. Both inner loops issue
-``UNROLL`` loads before using any (see ``linear.py``: decode is latency-bound). Grouped-query attention: query head ``h`` reads kv head
-``h // (H / K)``. Causality needs no mask: a token only walks positions ``<= p``, and this
-step's keys were written (``rope.py``) before this kernel runs.
+At the end the groups' partial sums are added: ``out = acc / l`` when the span was the whole
+context. A split instead leaves ``(acc, m, l)`` in ``partials`` and counts itself in
+``arrivals``; the split that arrives last merges them — ``M = max m_s``,
+``out = sum_s exp(m_s - M) acc_s / sum_s exp(m_s - M) l_s`` — and resets the count, so no second
+kernel and no barrier are needed (the "last block" pattern of CUDA's threadFenceReduction sample).
+Both inner loops issue ``UNROLL`` loads before using any (see ``linear.py``: decode is
+latency-bound). Grouped-query attention: query head ``h`` reads kv head ``h // (H / K)``.
+Causality needs no mask: a token only walks positions ``<= p``, and this step's keys were
+written (``rope.py``) before this kernel runs.
 
-That is the decode path (``attend_token``). ``attend_token_warp`` is its one-warp form, four
-(token, head) pairs a block, its max and sum warp shuffles with no block barrier (Nsight Compute
-found the block form's warps waiting at barriers 38% of the time, one warp a scheduler, at batch
-1): a compile-time choice (``BLINK_EDU_DECODE_ATTENTION=warp``) until the H200 has timed the two
-side by side (``tools/attention_probe.py --decode``). A prompt chunk on an fp16 model takes the tensor-core
-tile of ``attention_tc.py`` instead — one work item a KV head and a tile of the chunk's tokens,
-each key read once a tile rather than once a token; ``paged_attention`` picks per tile.
+A prompt chunk on an fp16 model takes the tensor-core tile of ``attention_tc.py`` instead — one
+work item a KV head and a tile of the chunk's tokens, each key read once a tile rather than once
+a token; ``paged_attention`` picks per tile.
 """
 
 from __future__ import annotations
@@ -40,33 +47,65 @@ from . import loads
 from .attention_tc import (ROWS, WORKSPACE_WORDS, attend_tile, one_sequence, tc_attention_tiles,
                            tc_attention_tiles_device)
 from .loads import VEC, load8_at
-from .reduce import (NEG_INF, THREADS, WARP, block_max, block_sum, cuda, fold_lane_groups,
-                     lanes_max, lanes_sum, warp_barrier)
+from .reduce import NEG_INF, THREADS, block_max, block_sum, cuda
 
 UNROLL = 8  # loads each thread has in flight in the inner loops
 KEY_LOADS = 8  # wide loads of one key in flight at once: a whole 64-dim key, half a 128-dim one
 PARTS = THREADS * VEC  # (THREADS / (E / 8)) position groups x E partial sums, at most
-SCALAR_WORDS = 3 * THREADS + PARTS  # attend_token's shared memory: q, weights, scratch, parts
-MAX_HEAD_DIM = 128  # attend_token_warp: dims a lane owns, E / 32 <= 4
-WARPS = THREADS // WARP
-WARP_WORDS = MAX_HEAD_DIM + WARP  # attend_token_warp's shared memory a warp: q, then p
-
-
-def decode_path(value: str | None) -> str:
-    """The per-token path, from ``BLINK_EDU_DECODE_ATTENTION`` (read once, at import): "block" (a
-    block a (token, head), the path measured so far) or "warp" (a warp a (token, head), four a
-    block: no block barriers; to compare with ``tools/attention_probe.py --decode``)."""
-    path = (value or "block").strip()
-    if path not in ("block", "warp"):
-        raise ValueError(f"BLINK_EDU_DECODE_ATTENTION must be block or warp, got {value!r}")
-    return path
-
-
-WARP_PAIRS = decode_path(os.environ.get("BLINK_EDU_DECODE_ATTENTION")) == "warp"
-PAIRS_A_BLOCK = WARPS if WARP_PAIRS else 1  # (token, head) pairs a block serves at once
+MAX_HEAD_DIM = max(THREADS, 128)  # E <= THREADS, or E % 8 == 0 with wide loads, up to this
+# attend_token's shared memory (32-bit words): q, weights, scratch, parts, then each chunk
+# position's KV block and slot (int32)
+SCALAR_WORDS = MAX_HEAD_DIM + 4 * THREADS + PARTS
 # One shared allocation serves both paths (the persistent kernel's shared memory is the sum of
 # every op's): 32-bit words, seen as float32 by attend_token and as fp16 pairs by the tile.
-WORKSPACE = max(SCALAR_WORDS, WARPS * WARP_WORDS, WORKSPACE_WORDS)
+WORKSPACE = max(SCALAR_WORDS, WORKSPACE_WORDS)
+
+
+def span_from_environment(value: str | None) -> int:
+    """The fewest KV positions a split walks, from ``BLINK_EDU_DECODE_SPAN`` (read once, at
+    import; a compile-time constant, so that ``tools/attention_probe.py --decode`` can time
+    several side by side). 0: never split."""
+    span = int(value) if value else THREADS
+    if span < 0 or span % 32:
+        raise ValueError(f"BLINK_EDU_DECODE_SPAN must be 0 or a multiple of 32, got {value!r}")
+    return span
+
+
+SPAN = span_from_environment(os.environ.get("BLINK_EDU_DECODE_SPAN")) or 1 << 30  # 0: no split
+SPLIT_BLOCKS = 264  # split the (token, head) pairs while they are fewer than half this: 2 an H200 SM
+MAX_SPLITS = 16  # splits of one (token, head), at most
+
+
+def attention_splits(pairs):
+    """Blocks each of ``pairs`` (token, head) pairs is split over: enough to give ~SPLIT_BLOCKS
+    blocks work, and 1 when the pairs alone are many. ``pairs * splits <= SPLIT_BLOCKS`` whenever
+    splits > 1: the rows ``partials`` needs."""
+    if SPAN >= 1 << 30 or 2 * pairs > SPLIT_BLOCKS:
+        return 1
+    return min(MAX_SPLITS, SPLIT_BLOCKS // max(pairs, 1))
+
+
+attention_splits_device = cuda.jit(device=True, inline=True)(attention_splits)
+
+
+def span_of(context, splits):
+    """Positions each split of a ``context``-long (token, head) walks: ``context / splits``
+    rounded up to a multiple of SPAN (so a short context stays in one split)."""
+    if splits == 1:
+        return context
+    quanta = -(-context // SPAN)  # SPAN-long pieces of the context
+    return -(-quanta // splits) * SPAN
+
+
+span_of_device = cuda.jit(device=True, inline=True)(span_of)
+
+
+def attention_scratch(head_dim: int):
+    """What the splits of ``paged_attention`` exchange: ``partials`` (SPLIT_BLOCKS, E + 2) f32,
+    a split's (acc, m, l), and ``arrivals`` (SPLIT_BLOCKS,) i32, the splits of a (token, head)
+    done so far (zeros: the merging split resets its count)."""
+    return (cuda.device_array((SPLIT_BLOCKS, head_dim + 2), np.float32),
+            cuda.to_device(np.zeros(SPLIT_BLOCKS, np.int32)))
 
 
 @cuda.jit(device=True, inline=True)
@@ -92,18 +131,16 @@ def score_of(q, kv_pool, blk, layer, slot, kvh, E):
 
 
 @cuda.jit(device=True, inline=True)
-def add_values_wide(acc8, weights, n, start, kv_pool, block_tables, row, layer, kvh, pg, pgroups,
-                    sl):
+def add_values_wide(acc8, weights, n, kv_pool, blocks, slots, layer, kvh, pg, pgroups, sl):
     """acc8 (8,) += sum over this thread's positions j of weights[j] * v_j[8 sl : 8 sl + 8]:
     position group ``pg`` of ``pgroups`` takes chunk positions pg, pg + pgroups, ...; each of
-    its E / 8 threads owns 8 dimensions, read with one wide load a position."""
-    B = kv_pool.shape[3]
+    its E / 8 threads owns 8 dimensions, read with one wide load a position (position j in
+    ``kv_pool[blocks[j], layer, 1, slots[j]]``)."""
     for j0 in range(pg, n, pgroups * UNROLL):
         for u in range(UNROLL):
             j = j0 + u * pgroups
             if j < n:
-                c = start + j
-                v8 = load8_at(kv_pool, (block_tables[row, c // B], layer, 1, c % B, kvh, sl * VEC))
+                v8 = load8_at(kv_pool, (blocks[j], layer, 1, slots[j], kvh, sl * VEC))
                 wj = weights[j]
                 acc8[0] += wj * v8[0]
                 acc8[1] += wj * v8[1]
@@ -116,13 +153,20 @@ def add_values_wide(acc8, weights, n, start, kv_pool, block_tables, row, layer, 
 
 
 @cuda.jit(device=True, inline=True)
-def attend_token(qkv, positions, seq_rows, block_tables, kv_pool, layer, t, h, group, out,
-                 workspace):
-    """out[t, h * E : (h + 1) * E] for token ``t`` and query head ``h`` (the module docstring);
-    ``workspace``: shared float32 (>= SCALAR_WORDS). Every thread of the block must call it."""
+def attend_token(qkv, positions, seq_rows, block_tables, kv_pool, layer, t, h, num_heads, group,
+                 split, splits, out, partials, arrivals, workspace):
+    """out[t, h * E : (h + 1) * E] for token ``t`` and query head ``h``, or this block's share of
+    it: split ``split`` of ``splits`` (the module docstring); ``workspace``: shared float32
+    (>= SCALAR_WORDS). Every thread of the block must call it."""
     tid = cuda.threadIdx.x
     B = kv_pool.shape[3]
     E = kv_pool.shape[5]
+    context = positions[t] + 1
+    span = span_of_device(context, splits)
+    used = -(-context // span)  # splits with positions to walk
+    if split >= used:
+        return  # (the whole block)
+    lo, hi = split * span, min(context, split * span + span)
     scale = float32(1) / math.sqrt(float32(E))
     wide = loads.WIDE_LOADS and E % VEC == 0  # values in wide loads: 8 dims a thread
     n_groups = THREADS // E  # narrow: thread groups sharing the V accumulation, E threads each
@@ -130,48 +174,50 @@ def attend_token(qkv, positions, seq_rows, block_tables, kv_pool, layer, t, h, g
     slices = E // VEC  # wide: threads a position, 8 dims each
     pgroups = THREADS // max(slices, 1)  # wide: position groups
     pg, sl = tid // max(slices, 1), tid % max(slices, 1)
-    q = workspace[:THREADS]  # this item's query vector (E <= THREADS)
-    weights = workspace[THREADS:2 * THREADS]  # exp(score - m) of the current chunk
-    scratch = workspace[2 * THREADS:3 * THREADS]
-    parts = workspace[3 * THREADS:SCALAR_WORDS]  # each thread group's (E,) partial sums
+    q = workspace[:MAX_HEAD_DIM]  # this item's query vector
+    weights = workspace[MAX_HEAD_DIM:MAX_HEAD_DIM + THREADS]  # exp(score - m) of the chunk
+    scratch = workspace[MAX_HEAD_DIM + THREADS:MAX_HEAD_DIM + 2 * THREADS]
+    parts = workspace[MAX_HEAD_DIM + 2 * THREADS:SCALAR_WORDS - 2 * THREADS]  # groups' (E,) sums
+    where = workspace.view(np.int32)[SCALAR_WORDS - 2 * THREADS:SCALAR_WORDS]
+    blocks, slots = where[:THREADS], where[THREADS:]  # each chunk position's KV block and slot
     acc8 = cuda.local.array(VEC, float32)
     kvh = h // group
     row = seq_rows[t]
-    context = positions[t] + 1
-    if tid < E:
-        q[tid] = qkv[t, h * E + tid]
+    for e in range(tid, E, THREADS):
+        q[e] = qkv[t, h * E + e]
     cuda.syncthreads()
     m = NEG_INF
     total = float32(0)
     acc = float32(0)
     for d in range(VEC):
         acc8[d] = 0
-    for start in range(0, context, THREADS):
+    for start in range(lo, hi, THREADS):
         c = start + tid
         score = NEG_INF
-        if c < context:
-            score = score_of(q, kv_pool, block_tables[row, c // B], layer, c % B, kvh, E) * scale
+        if c < hi:
+            page = c // B
+            blk, slot = block_tables[row, page], c - page * B
+            blocks[tid], slots[tid] = blk, slot
+            score = score_of(q, kv_pool, blk, layer, slot, kvh, E) * scale
         m_new = max(m, block_max(score, scratch))
-        w = math.exp(score - m_new) if c < context else float32(0)
+        w = math.exp(score - m_new) if c < hi else float32(0)
         weights[tid] = w
         rescale = math.exp(m - m_new)  # 0 on the first chunk (m = -inf)
-        total = total * rescale + block_sum(w, scratch)  # (its barrier publishes weights)
+        total = total * rescale + block_sum(w, scratch)  # (its barrier publishes weights, blocks)
         acc *= rescale
-        n = min(THREADS, context - start)
+        n = min(THREADS, hi - start)
         if wide:
             for d in range(VEC):
                 acc8[d] *= rescale
             if pg < pgroups:
-                add_values_wide(acc8, weights, n, start, kv_pool, block_tables, row, layer,
-                                kvh, pg, pgroups, sl)
+                add_values_wide(acc8, weights, n, kv_pool, blocks, slots, layer, kvh, pg,
+                                pgroups, sl)
         elif g < n_groups:
             for j0 in range(g, n, n_groups * UNROLL):
                 for u in range(UNROLL):
                     j = j0 + u * n_groups
                     if j < n:
-                        c2 = start + j
-                        acc += weights[j] * kv_pool[block_tables[row, c2 // B], layer, 1,
-                                                    c2 % B, kvh, e_own]
+                        acc += weights[j] * kv_pool[blocks[j], layer, 1, slots[j], kvh, e_own]
         m = m_new
         cuda.syncthreads()
     if wide:  # every group's (E,) partial sums side by side in ``parts``, then added
@@ -181,94 +227,73 @@ def attend_token(qkv, positions, seq_rows, block_tables, kv_pool, layer, t, h, g
     elif g < n_groups:
         parts[g * E + e_own] = acc
     cuda.syncthreads()
-    if tid < E:
-        value = float32(0)
+    pair = t * num_heads + h
+    for e in range(tid, E, THREADS):
+        value = float32(0)  # acc[e]
         for j in range(pgroups if wide else n_groups):
-            value += parts[j * E + tid]
-        out[t, h * E + tid] = value / total
+            value += parts[j * E + e]
+        if used == 1:
+            out[t, h * E + e] = value / total
+        else:
+            partials[pair * splits + split, e] = value
+    if used > 1:
+        merge_splits(t, h, pair, split, splits, used, m, total, out, partials, arrivals, scratch)
     cuda.syncthreads()
 
 
 @cuda.jit(device=True, inline=True)
-def attend_token_warp(qkv, positions, seq_rows, block_tables, kv_pool, layer, t, h, group, out,
-                      q, p):
-    """``attend_token``'s contract for one warp (E <= MAX_HEAD_DIM): lane j scores positions
-    j, j + 32, ... of each chunk of 32; the max and the sum are warp shuffles, no block barrier;
-    the values are added by position groups of E / 8 lanes, 8 dims a lane with one wide load
-    (without wide loads: lane j owns dims j, j + 32, ... and walks every position), the groups
-    folded by shuffles at the end. q (>= E,) and p (32,): this warp's shared floats. Every lane
-    of the warp must call it."""
-    lane = cuda.threadIdx.x % WARP
-    B, E = kv_pool.shape[3], kv_pool.shape[5]
-    kvh, row, context = h // group, seq_rows[t], positions[t] + 1
-    for e in range(lane, E, WARP):
-        q[e] = qkv[t, h * E + e]
-    warp_barrier()
-    # wide: E / 8 lanes a position, a power of two so that the groups fold by shuffles
-    wide = loads.WIDE_LOADS and E % VEC == 0 and (E // VEC) & (E // VEC - 1) == 0
-    slices = E // VEC if wide else 1  # lanes a position (wide: 8 dims each)
-    pgroups = WARP // slices if wide else 1
-    pg, sl = lane // slices, lane % slices
-    scale = float32(1) / math.sqrt(float32(E))
-    acc8 = cuda.local.array(VEC, float32)  # wide: dims 8 sl ..; else dims lane + 32 d
-    for d in range(VEC):
-        acc8[d] = 0
-    m, total = NEG_INF, float32(0)
-    for start in range(0, context, WARP):
-        c = start + lane
-        score = NEG_INF
-        if c < context:
-            score = score_of(q, kv_pool, block_tables[row, c // B], layer, c % B, kvh, E) * scale
-        m_new = max(m, lanes_max(score))
-        w = math.exp(score - m_new) if c < context else float32(0)
-        rescale = math.exp(m - m_new)  # 0 on the first chunk (m = -inf)
-        total = total * rescale + lanes_sum(w)
-        p[lane] = w
-        warp_barrier()
-        for d in range(VEC):
-            acc8[d] *= rescale
-        n = min(WARP, context - start)
-        if wide:
-            if pg < pgroups:
-                add_values_wide(acc8, p, n, start, kv_pool, block_tables, row, layer, kvh, pg,
-                                pgroups, sl)
-        else:
-            for j in range(n):
-                c2 = start + j
-                blk = block_tables[row, c2 // B]
-                for d in range(MAX_HEAD_DIM // WARP):
-                    if lane + d * WARP < E:
-                        acc8[d] += p[j] * kv_pool[blk, layer, 1, c2 % B, kvh, lane + d * WARP]
-        m = m_new
-        warp_barrier()  # p is rewritten by the next chunk
-    if wide:
-        fold_lane_groups(acc8, VEC, slices)
-        if pg == 0:
-            for d in range(VEC):
-                out[t, h * E + sl * VEC + d] = acc8[d] / total
-    else:
-        for d in range(MAX_HEAD_DIM // WARP):
-            if lane + d * WARP < E:
-                out[t, h * E + lane + d * WARP] = acc8[d] / total
-    warp_barrier()  # q is rewritten by the next item
+def merge_splits(t, h, pair, split, splits, used, m, total, out, partials, arrivals, scratch):
+    """Leave this split's m and l beside its acc in ``partials`` (row ``pair * splits + split``);
+    the last of the ``used`` splits of (t, h) to arrive adds them all up into ``out``. Every
+    thread of the block must call it."""
+    tid = cuda.threadIdx.x
+    E = partials.shape[1] - 2
+    first = pair * splits  # the pair's rows of ``partials``
+    if tid == 0:
+        partials[first + split, E] = m
+        partials[first + split, E + 1] = total
+    cuda.threadfence()  # this block's partials reach L2 before its arrival is counted
+    cuda.syncthreads()
+    if tid == 0:
+        arrived = cuda.atomic.add(arrivals, pair, 1)
+        last = arrived == used - 1
+        if last:
+            arrivals[pair] = 0  # ready for the next layer (after a kernel or grid barrier)
+        scratch[0] = float32(1) if last else float32(0)
+    cuda.syncthreads()
+    if scratch[0] == 0:
+        return
+    # the last split: read every split's partials through L2 (an atomic add of 0: another SM's
+    # writes, which this SM's L1 may hold an older copy of from an earlier layer)
+    top = NEG_INF
+    for s in range(used):
+        top = max(top, cuda.atomic.add(partials, (first + s, E), float32(0)))
+    for e in range(tid, E, THREADS):
+        num, den = float32(0), float32(0)
+        for s in range(used):
+            f = math.exp(cuda.atomic.add(partials, (first + s, E), float32(0)) - top)
+            num += f * cuda.atomic.add(partials, (first + s, e), float32(0))
+            den += f * cuda.atomic.add(partials, (first + s, E + 1), float32(0))
+        out[t, h * E + e] = num / den
 
 
 def attention_work_items(num_tokens, num_heads, num_kv_heads, head_dim, tensor_cores):
     """Work items of ``paged_attention`` (to size the grid): a tile a KV head where
-    ``tensor_cores``, then the (token, query head) pairs, PAIRS_A_BLOCK a block."""
+    ``tensor_cores``, then the splits of the (token, query head) pairs."""
     tiles = tc_attention_tiles(num_tokens, num_heads // num_kv_heads, head_dim) if tensor_cores else 0
-    return tiles * num_kv_heads + -(-num_tokens * num_heads // PAIRS_A_BLOCK)
+    pairs = num_tokens * num_heads
+    return tiles * num_kv_heads + pairs * attention_splits(pairs)
 
 
 @cuda.jit(device=True, inline=True)
 def paged_attention(qkv, positions, seq_rows, block_tables, kv_pool, layer, num_heads,
-                    num_kv_heads, out, tensor_cores, block, n_blocks):
+                    num_kv_heads, out, partials, arrivals, tensor_cores, block, n_blocks):
     """out (T, H * E) = softmax(q k^T / sqrt(E)) v per (token, head), q read from qkv (T, ...).
-    Requires E <= THREADS (block pairs) or E <= MAX_HEAD_DIM (warp pairs, ``WARP_PAIRS``).
-    With ``tensor_cores`` (an fp16 model), a tile of consecutive tokens of
+    Requires E <= THREADS, or E % 8 == 0 (with wide loads) and E <= MAX_HEAD_DIM. With ``tensor_cores`` (an fp16 model), a tile of consecutive tokens of
     one sequence — a prompt chunk — is one work item of ``attention_tc.attend_tile``; the tokens
-    of the other tiles (a decode batch: one token a sequence) take ``attend_token``, one
-    (token, query head) an item. Items ``[0, tiles * K)`` are the tiles, the rest the pairs."""
+    of the other tiles (a decode batch: one token a sequence) take ``attend_token``, one split of
+    a (token, query head) an item. Items ``[0, tiles * K)`` are the tiles, the rest the splits.
+    ``partials``, ``arrivals``: ``attention_scratch``."""
     T = qkv.shape[0]
     group = num_heads // num_kv_heads
     tiles = 0
@@ -285,41 +310,38 @@ def paged_attention(qkv, positions, seq_rows, block_tables, kv_pool, layer, num_
             if one_sequence(positions, seq_rows, t0, n):
                 attend_tile(qkv, positions, seq_rows, block_tables, kv_pool, layer, group, kvh,
                             t0, n, out, workspace.view(np.uint32))
-    # the (token, query head) pairs: items after the tiles, PAIRS_A_BLOCK of them a block
-    warp = cuda.threadIdx.x // WARP if WARP_PAIRS else 0
+    # the splits of the (token, query head) pairs: items after the tiles, a split's items on
+    # consecutive blocks
+    splits = attention_splits_device(T * num_heads)
     first = (block - tile_items % n_blocks + n_blocks) % n_blocks  # the block after the tiles
-    for pair in range(first * PAIRS_A_BLOCK + warp, T * num_heads, n_blocks * PAIRS_A_BLOCK):
+    for item in range(first, T * num_heads * splits, n_blocks):
+        pair, split = item // splits, item % splits
         t, h = pair // num_heads, pair % num_heads
         t0 = (t // per_tile) * per_tile
         if not tensor_cores or tiles == 0 or not one_sequence(positions, seq_rows, t0,
                                                              min(per_tile, T - t0)):
-            if WARP_PAIRS:
-                q = workspace[warp * WARP_WORDS:warp * WARP_WORDS + MAX_HEAD_DIM]
-                p = workspace[warp * WARP_WORDS + MAX_HEAD_DIM:(warp + 1) * WARP_WORDS]
-                attend_token_warp(qkv, positions, seq_rows, block_tables, kv_pool, layer, t, h,
-                                  group, out, q, p)
-            else:
-                attend_token(qkv, positions, seq_rows, block_tables, kv_pool, layer, t, h, group,
-                             out, workspace)
+            attend_token(qkv, positions, seq_rows, block_tables, kv_pool, layer, t, h, num_heads,
+                         group, split, splits, out, partials, arrivals, workspace)
 
 
 @cuda.jit
 def paged_attention_kernel(qkv, positions, seq_rows, block_tables, kv_pool, layer, num_heads,
-                           num_kv_heads, out):
+                           num_kv_heads, out, partials, arrivals):
     """``paged_attention`` of a decode step (no prompt tiles: a constant, so the tile is not even
     compiled in and its registers do not weigh on the per-token path's occupancy). Launch
-    ``[grid_for(T * H), THREADS]``."""
+    ``[grid_for(attention_work_items(T, H, K, E, False)), THREADS]``; ``partials``,
+    ``arrivals``: ``attention_scratch(E)``."""
     paged_attention(qkv, positions, seq_rows, block_tables, kv_pool, layer, num_heads,
-                    num_kv_heads, out, False, cuda.blockIdx.x, cuda.gridDim.x)
+                    num_kv_heads, out, partials, arrivals, False, cuda.blockIdx.x, cuda.gridDim.x)
 
 
 @cuda.jit
 def paged_attention_tc_kernel(qkv, positions, seq_rows, block_tables, kv_pool, layer, num_heads,
-                              num_kv_heads, out):
+                              num_kv_heads, out, partials, arrivals):
     """``paged_attention`` of a step with prompt chunks on an fp16 model: tiles on tensor cores.
     Launch ``[grid_for(attention_work_items(T, H, K, E, True)), THREADS]``."""
     paged_attention(qkv, positions, seq_rows, block_tables, kv_pool, layer, num_heads,
-                    num_kv_heads, out, True, cuda.blockIdx.x, cuda.gridDim.x)
+                    num_kv_heads, out, partials, arrivals, True, cuda.blockIdx.x, cuda.gridDim.x)
 
 
 def uses_attention_tiles(tensor_cores: bool, has_prompt_chunks: bool, group: int,

@@ -225,54 +225,6 @@ def _serial_quad_sum(value):
     return (v0 + v1) + (v2 + v3)
 
 
-@cuda.jit(device=True, inline=True)
-def _serial_warp_values_sum(value):
-    """Simulator form of ``warp_sum``: its block is one warp, so the block's sum with scratch of
-    its own (every thread must call it)."""
-    return _serial_sum(value, cuda.shared.array(THREADS, float32))
-
-
-@cuda.jit(device=True, inline=True)
-def _serial_warp_values_max(value):
-    return _serial_max(value, cuda.shared.array(THREADS, float32))
-
-
-@cuda.jit(device=True, inline=True)
-def _shuffle_fold_groups(acc, n, width):
-    """GPU form of ``fold_lane_groups``: butterfly shuffles at offsets width, 2 width, .. 16."""
-    offset = width
-    while offset < WARP:
-        for d in range(n):
-            acc[d] += cuda.shfl_xor_sync(FULL_MASK, acc[d], offset)
-        offset *= 2
-
-
-@cuda.jit(device=True, inline=True)
-def _serial_fold_groups(acc, n, width):
-    """Simulator form, through shared memory (its block is one warp: every thread must call it)."""
-    scratch = cuda.shared.array((THREADS, 8), float32)
-    lane = cuda.threadIdx.x
-    for d in range(n):
-        scratch[lane, d] = acc[d]
-    cuda.syncthreads()
-    for d in range(n):
-        total = float32(0)
-        for j in range(lane % width, WARP, width):
-            total += scratch[j, d]
-        acc[d] = total
-    cuda.syncthreads()
-
-
-@cuda.jit(device=True, inline=True)
-def _syncwarp():
-    cuda.syncwarp()
-
-
-@cuda.jit(device=True, inline=True)
-def _syncthreads():
-    cuda.syncthreads()
-
-
 # block_sum(value, scratch) / block_max(value, scratch): the reduction over the block's threads,
 # every thread gets the result; scratch is a shared float32 (THREADS,).
 # block_argmax(value, index, values, indices): (max value, its lowest index).
@@ -287,15 +239,6 @@ block_exclusive_sum = _serial_exclusive_sum if SIMULATOR else _shuffle_exclusive
 # the lanes that hold one row of an mma fragment (``matmul_tc.py``); every lane gets the result.
 quad_sum = _serial_quad_sum if SIMULATOR else _shuffle_quad_sum
 quad_max = _serial_quad_max if SIMULATOR else _shuffle_quad_max
-# lanes_sum(value) / lanes_max(value): over the 32 lanes of this thread's warp, every lane gets it;
-# fold_lane_groups(acc, n, width): acc[:n] (local, n <= 8) summed over the lanes equal modulo
-# ``width`` (a power of two), every lane gets its group's sum; warp_barrier(): the warp's lanes
-# wait for each other (shared memory written by one lane is then seen by all). The simulator's
-# forms need its block to be one warp (THREADS = 32 there).
-lanes_sum = _serial_warp_values_sum if SIMULATOR else warp_sum
-lanes_max = _serial_warp_values_max if SIMULATOR else warp_max
-fold_lane_groups = _serial_fold_groups if SIMULATOR else _shuffle_fold_groups
-warp_barrier = _syncthreads if SIMULATOR else _syncwarp
 
 
 NEG_INF = float32(-math.inf)

@@ -6,8 +6,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from blink_edu.kernels import attention as attention_module
-from blink_edu.kernels.attention import (attention_kernel, attention_work_items,
+from blink_edu.kernels.attention import (attention_kernel, attention_scratch, attention_splits,
+                                         attention_work_items,
                                          paged_attention_kernel, uses_attention_tiles)
 from blink_edu.kernels.attention_tc import HEAD_DIM, ROWS
 from blink_edu.kernels.reduce import THREADS, cuda, grid_for
@@ -34,7 +34,7 @@ def attention(qkv, positions, seq_rows, tables, pool, layer, H, K, tensor_cores)
     grid = grid_for(attention_work_items(T, H, K, E, tensor_cores))
     attention_kernel(uses_attention_tiles(tensor_cores, True, H // K, E))[grid, THREADS](
         cuda.to_device(qkv), cuda.to_device(positions), cuda.to_device(seq_rows),
-        cuda.to_device(tables), cuda.to_device(pool), layer, H, K, out)
+        cuda.to_device(tables), cuda.to_device(pool), layer, H, K, out, *attention_scratch(E))
     return out.copy_to_host()
 
 
@@ -89,12 +89,9 @@ def check_ragged_batch(rng, H, K, chunks, B, N):
     assert rel_err(plain, expected) < 1e-5
 
 
-def test_a_ragged_batch_takes_the_tile_for_prompt_chunks_only(rng, monkeypatch):
-    """The simulator's block is one warp, and only the per-token path's warp form takes a 64-dim
-    head there: a chunk of a tile and two tokens, a decode token, a chunk whose last three tokens
-    fill a tile of their own."""
-    monkeypatch.setattr(attention_module, "WARP_PAIRS", True)
-    monkeypatch.setattr(attention_module, "PAIRS_A_BLOCK", attention_module.WARPS)
+def test_a_ragged_batch_takes_the_tile_for_prompt_chunks_only(rng):
+    """A chunk of a tile and two tokens, a decode token, a chunk whose last three tokens fill a
+    tile of their own."""
     per_tile = ROWS // 2
     check_ragged_batch(rng, 4, 2, [(int(rng.integers(3, 9)), per_tile + 2), (29, 1), (0, per_tile)],
                        B=4, N=48)
@@ -114,7 +111,7 @@ def test_the_tile_declines_other_head_sizes():
     assert tc_attention_tiles(100, 3, HEAD_DIM) == -(-100 // (ROWS // 3))
     assert tc_attention_tiles(100, 3, 128) == 0
     assert tc_attention_tiles(100, ROWS + 1, HEAD_DIM) == 0
-    assert attention_work_items(10, 4, 2, 32, True) == 10 * 4
+    assert attention_work_items(10, 4, 2, 32, True) == 10 * 4 * attention_splits(10 * 4)
     # a host launches the kernel without the tile unless the step can use it
     assert attention_kernel(uses_attention_tiles(True, True, 2, 32)) is paged_attention_kernel
     assert attention_kernel(uses_attention_tiles(True, False, 3, HEAD_DIM)) is paged_attention_kernel

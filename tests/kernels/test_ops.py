@@ -11,7 +11,7 @@ from blink_edu.kernels.attention import paged_attention_kernel
 from blink_edu.kernels.elementwise import embed_tokens_kernel, swiglu_kernel
 from blink_edu.kernels.linear import (GEMV_MAX_ROWS, linear_kernel, linear_work_items,
                                       uses_tensor_cores)
-from blink_edu.kernels.reduce import SIMULATOR, THREADS, block_exclusive_sum, cuda, grid_for
+from blink_edu.kernels.reduce import THREADS, block_exclusive_sum, cuda, grid_for
 from blink_edu.kernels.rope import rope_and_write_kv_kernel
 from blink_edu.executors.step import pack_adjustments
 from blink_edu.kernels.sampling import (adjust_logits_kernel, adjust_row_from_history,
@@ -135,34 +135,58 @@ def attention_inputs(rng, positions, seq_rows, tables, H, K, E, block_size, num_
     return (qkv, pool, layer), expected
 
 
-WARP_PAIRS_SIM_ONLY = pytest.mark.skipif(
-    not SIMULATOR, reason="on a GPU the per-token path is a compile-time constant "
-    "(BLINK_EDU_DECODE_ATTENTION): tools/attention_probe.py --decode checks the warp path there")
+def run_attention(qkv, positions, seq_rows, tables, pool, layer, H, K, scratch=None):
+    """paged_attention_kernel over the whole batch; returns out (T, H E) and the scratch."""
+    T, E = len(positions), pool.shape[-1]
+    partials, arrivals = scratch or attention.attention_scratch(E)
+    out = dev(np.full((T, H * E), np.nan, np.float32))
+    grid = grid_for(attention.attention_work_items(T, H, K, E, False))
+    paged_attention_kernel[grid, THREADS](dev(qkv), dev(positions), dev(seq_rows), dev(tables),
+                                          dev(pool), layer, H, K, out, partials, arrivals)
+    return out.copy_to_host(), (partials, arrivals)
 
 
-# 4, 2, 1 and 3 query heads per KV head; head dims a multiple of 8 (wide loads) and not; the
-# per-token path a block a (token, head), or a warp (64-dim heads: only the warp's path takes
-# them in the simulator, whose block is one warp)
-@pytest.mark.parametrize("heads,kv_heads,head_dim,warp_pairs", [
-    (4, 1, 16, False), (4, 2, 16, False), (4, 4, 16, False), (6, 2, 16, False), (6, 2, 12, False),
-    pytest.param(4, 1, 16, True, marks=WARP_PAIRS_SIM_ONLY),
-    pytest.param(6, 2, 12, True, marks=WARP_PAIRS_SIM_ONLY),
-    pytest.param(3, 1, 64, True, marks=WARP_PAIRS_SIM_ONLY)])
-def test_paged_attention_over_a_ragged_batch(rng, monkeypatch, heads, kv_heads, head_dim,
-                                             warp_pairs):
-    monkeypatch.setattr(attention, "WARP_PAIRS", warp_pairs)
-    monkeypatch.setattr(attention, "PAIRS_A_BLOCK", attention.WARPS if warp_pairs else 1)
+# 4, 2, 1 and 3 query heads per KV head; head dims a multiple of 8 (wide loads) and not, and 64
+# (more dims than the simulator's 32 threads: the wide path only)
+@pytest.mark.parametrize("heads,kv_heads,head_dim", [
+    (4, 1, 16), (4, 2, 16), (4, 4, 16), (6, 2, 16), (6, 2, 12), (3, 1, 64)])
+def test_paged_attention_over_a_ragged_batch(rng, heads, kv_heads, head_dim):
     cfg = tiny_config(rng, heads=heads, kv_heads=kv_heads, head_dim=head_dim)
     H, K, E, B, N = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, 4, 40
     max_len = 3 * THREADS // 2 + 5  # contexts longer than one chunk of THREADS positions
     positions, seq_rows, tables = ragged_batch(rng, 3, B, N, max_len)
     (qkv, pool, layer), expected = attention_inputs(rng, positions, seq_rows, tables, H, K, E, B, N)
-    T = len(positions)
-    out = dev(np.full((T, H * E), np.nan, np.float32))
-    paged_attention_kernel[grid_for(T * H), THREADS](dev(qkv), dev(positions), dev(seq_rows),
-                                                      dev(tables), dev(pool), layer, H, K, out)
-    assert rel_err(out.copy_to_host(), expected) < 1e-5
+    out, _ = run_attention(qkv, positions, seq_rows, tables, pool, layer, H, K)
+    assert rel_err(out, expected) < 1e-5
     assert int(tables.max()) >= 8, "the batch should span many KV blocks"
+
+
+@pytest.mark.parametrize("context", [1, attention.SPAN, attention.SPAN + 1, 5 * attention.SPAN - 3])
+def test_split_contexts_merge_to_the_reference_and_leave_no_count(rng, context):
+    """One decode token (few pairs: split over spans of SPAN positions, merged by the last split
+    to arrive) — twice through the same scratch, as the layers of a step are — and a batch with
+    too many pairs to split."""
+    H, K, E, B = 6, 2, 16, 4
+    width = -(-context // B)
+    tables = rng.permutation(width + 3)[:width][None].astype(np.int32)
+    positions, seq_rows = np.array([context - 1], np.int32), np.zeros(1, np.int32)
+    (qkv, pool, layer), expected = attention_inputs(rng, positions, seq_rows, tables, H, K, E, B,
+                                                    width + 3)
+    splits = attention.attention_splits(H)
+    assert splits > 1 and -(-context // attention.span_of(context, splits)) <= splits
+    out, scratch = run_attention(qkv, positions, seq_rows, tables, pool, layer, H, K)
+    assert rel_err(out, expected) < 1e-5
+    again, scratch = run_attention(qkv, positions, seq_rows, tables, pool, layer, H, K, scratch)
+    assert rel_err(again, expected) < 1e-5
+    assert not scratch[1].copy_to_host().any(), "the merging split resets its count"
+
+
+def test_splits_fit_their_scratch():
+    for pairs in range(1, 4 * attention.SPLIT_BLOCKS):
+        splits = attention.attention_splits(pairs)
+        assert 1 <= splits <= attention.MAX_SPLITS
+        assert splits == 1 or pairs * splits <= attention.SPLIT_BLOCKS
+    assert attention.attention_splits(attention.SPLIT_BLOCKS) == 1  # a b64 decode step's 576
 
 
 @cuda.jit
