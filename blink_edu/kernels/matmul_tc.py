@@ -127,8 +127,8 @@ class TileGeometry(NamedTuple):
     B_QUADS: int  # threads staging one weight row: BK / 8 (8 fp16 a load)
     B_ROWS: int  # weight rows one pass stages
     B_LOADS: int  # 16-byte weight loads each thread issues per k step
-    A_TILE: tuple  # (2 buffers, BM rows, STRIDE words) of fp16 pairs (uint32)
-    B_TILE: tuple  # (2 buffers, BN rows, STRIDE words)
+    A_TILE: int  # 2 buffers x BM rows x STRIDE words of fp16 pairs (uint32), flat
+    B_TILE: int  # 2 buffers x BN rows x STRIDE words, flat
     REGS_SHAPE: tuple  # simulator: (warps, lanes, 6): every lane's a0..a3, b0, b1
 
 
@@ -141,10 +141,11 @@ def tile_geometry(threads: int, bk: int) -> TileGeometry:
     stride = kp + 4
     a_quads, b_quads = bk // QUAD, bk // (2 * QUAD)
     a_rows, b_rows = threads // a_quads, threads // b_quads
-    assert threads % a_quads == 0 and bm % a_rows == 0 and bn % b_rows == 0 and kp % 8 == 0
+    # (mma_step writes out the 16-wide k slices of a step: 2 or 4)
+    assert threads % a_quads == 0 and bm % a_rows == 0 and bn % b_rows == 0 and kp in (16, 32)
     return TileGeometry(threads, warps, warps_m, warps // warps_m, bm, bn, bk, kp, stride,
                         a_quads, a_rows, bm // a_rows, b_quads, b_rows, bn // b_rows,
-                        (2, bm, stride), (2, bn, stride), (warps, WARP, 6))
+                        2 * bm * stride, 2 * bn * stride, (warps, WARP, 6))
 
 
 # k per shared-memory step: 64 on a GPU (a thread then has 8 + 4 sixteen-byte loads in flight a
@@ -297,47 +298,68 @@ def norm_weight(norm_w, k):
 @cuda.jit(device=True, inline=True)
 def store_step(xa, wb, norm_w, kt, a_tile, b_tile, buf):
     """Registers -> shared buffer ``buf``: activations times the norm weight, rounded to fp16
-    pairs (2 words a quad); weights as they are (4 words a quad)."""
+    pairs (2 words a quad); weights as they are (4 words a quad). The shared tiles are flat:
+    word (buf, row, col) at ``(buf * rows + row) * STRIDE + col``, indexed by unsigned offsets
+    (``mma_step`` says why)."""
     tid = cuda.threadIdx.x
     qa = tid % A_QUADS
     k = kt * BK + QUAD * qa
     g0, g1 = norm_weight(norm_w, k), norm_weight(norm_w, k + 1)
     g2, g3 = norm_weight(norm_w, k + 2), norm_weight(norm_w, k + 3)
+    a_at = uint32((buf * BM + tid // A_QUADS) * STRIDE + 2 * qa)  # row tid // A_QUADS, word 2 qa
     for j in range(A_LOADS):
-        m = tid // A_QUADS + j * A_ROWS
-        a_tile[buf, m, 2 * qa] = pack_half2(xa[QUAD * j] * g0, xa[QUAD * j + 1] * g1)
-        a_tile[buf, m, 2 * qa + 1] = pack_half2(xa[QUAD * j + 2] * g2, xa[QUAD * j + 3] * g3)
-    qb = tid % B_QUADS
+        at = a_at + uint32(j * A_ROWS * STRIDE)
+        a_tile[at] = pack_half2(xa[QUAD * j] * g0, xa[QUAD * j + 1] * g1)
+        a_tile[at + uint32(1)] = pack_half2(xa[QUAD * j + 2] * g2, xa[QUAD * j + 3] * g3)
+    b_at = uint32((buf * BN + tid // B_QUADS) * STRIDE + QUAD * (tid % B_QUADS))
     for j in range(B_LOADS):
-        n = tid // B_QUADS + j * B_ROWS
+        at = b_at + uint32(j * B_ROWS * STRIDE)
         for u in range(QUAD):
-            b_tile[buf, n, QUAD * qb + u] = wb[QUAD * j + u]
+            b_tile[at + uint32(u)] = wb[QUAD * j + u]
 
 
 @cuda.jit(device=True, inline=True)
-def mma_step(a_tile, b_tile, buf, acc, afrag, bfrag):
-    """The warp's share of one k step: for every 16-wide k slice, load the A fragments of its MI
-    row tiles and the B fragments of its NI column tiles from shared memory (layout in the module
-    docstring), then MI x NI mma into the accumulators ``acc`` (MI, NI, 4)."""
-    warp, lane = cuda.threadIdx.x // WARP, cuda.threadIdx.x % WARP
-    g, t = lane // 4, lane % 4
-    m0 = (warp // WARPS_N) * WM  # the warp tile's first row and column in the block tile
-    n0 = (warp % WARPS_N) * WN
-    for ks in range(KP // 8):  # 8 pairs = 16 k per mma
-        c = ks * 8 + t
-        for mi in range(MI):
-            m = m0 + mi * 16 + g
-            afrag[mi, 0], afrag[mi, 1] = a_tile[buf, m, c], a_tile[buf, m + 8, c]
-            afrag[mi, 2], afrag[mi, 3] = a_tile[buf, m, c + 4], a_tile[buf, m + 8, c + 4]
-        for ni in range(NI):
-            n = n0 + ni * 8 + g
-            bfrag[ni, 0], bfrag[ni, 1] = b_tile[buf, n, c], b_tile[buf, n, c + 4]
-        for mi in range(MI):
+def mma_k16(a_tile, b_tile, a_at, b_at, acc, afrag, bfrag):
+    """One 16-wide k slice of the warp tile: the A fragments of its MI row tiles and the B
+    fragments of its NI column tiles from shared memory (layout in the module docstring; ``a_at``
+    and ``b_at``: lane (g, t)'s word of row g of the first row / column tile), then MI x NI mma
+    into the accumulators ``acc`` (MI, NI, 4)."""
+    for mi in range(MI):
+        at = a_at + uint32(mi * 16 * STRIDE)  # rows g and g + 8 of row tile mi, pairs t and t + 4
+        afrag[mi, 0], afrag[mi, 1] = a_tile[at], a_tile[at + uint32(8 * STRIDE)]
+        afrag[mi, 2], afrag[mi, 3] = a_tile[at + uint32(4)], a_tile[at + uint32(8 * STRIDE + 4)]
+    for ni in range(NI):
+        at = b_at + uint32(ni * 8 * STRIDE)  # column g of column tile ni, pairs t and t + 4
+        bfrag[ni, 0], bfrag[ni, 1] = b_tile[at], b_tile[at + uint32(4)]
+    for mi in range(MI):
             for ni in range(NI):
                 d = mma_m16n8k16(afrag[mi, 0], afrag[mi, 1], afrag[mi, 2], afrag[mi, 3],
                                  bfrag[ni, 0], bfrag[ni, 1],
                                  acc[mi, ni, 0], acc[mi, ni, 1], acc[mi, ni, 2], acc[mi, ni, 3])
                 acc[mi, ni, 0], acc[mi, ni, 1], acc[mi, ni, 2], acc[mi, ni, 3] = d
+
+
+@cuda.jit(device=True, inline=True)
+def mma_step(a_tile, b_tile, buf, acc, afrag, bfrag):
+    """The warp's share of one k step: ``mma_k16`` for each 16-wide k slice of the buffer.
+
+    Every shared-memory word is found from one offset computed here plus constants, and the
+    offsets are unsigned: a signed index makes Numba check it for a negative value (Python's
+    ``a[-1]``) at every access, and with 3-d indices and a rolled k loop the GPU spent more
+    instructions on integer arithmetic than on loads and ``mma`` (SASS of this kernel for sm_90:
+    ~50 integer instructions for each 8 ``HMMA``). The slices are written out, with constant
+    offsets, rather than left to a loop that LLVM did not unroll."""
+    warp, lane = cuda.threadIdx.x // WARP, cuda.threadIdx.x % WARP
+    g, t = lane // 4, lane % 4
+    m0 = (warp // WARPS_N) * WM  # the warp tile's first row and column in the block tile
+    n0 = (warp % WARPS_N) * WN
+    a_at = uint32((buf * BM + m0 + g) * STRIDE + t)
+    b_at = uint32((buf * BN + n0 + g) * STRIDE + t)
+    mma_k16(a_tile, b_tile, a_at, b_at, acc, afrag, bfrag)  # pairs 0..7 = k 0..15
+    mma_k16(a_tile, b_tile, a_at + uint32(8), b_at + uint32(8), acc, afrag, bfrag)
+    if KP > 16:  # (a constant: 2 slices in the simulator's k step of 32, 4 on a GPU's 64)
+        mma_k16(a_tile, b_tile, a_at + uint32(16), b_at + uint32(16), acc, afrag, bfrag)
+        mma_k16(a_tile, b_tile, a_at + uint32(24), b_at + uint32(24), acc, afrag, bfrag)
 
 
 @cuda.jit(device=True, inline=True)
@@ -401,8 +423,8 @@ def tc_matmul(x, x_rows, norm_w, w, row_scale, out, steps_per_split, block, n_bl
     O, I = w.shape
     w2 = fp16_pairs(w)  # (O, I // 2) uint32: word j of row o = w[o, 2j] (low half), w[o, 2j+1]
     wide = loads.WIDE_LOADS and I % (2 * QUAD) == 0  # every row 16-byte aligned: wide loads
-    a_tile = cuda.shared.array(A_TILE, uint32)  # (2, BM, STRIDE) fp16 pairs of activations
-    b_tile = cuda.shared.array(B_TILE, uint32)  # (2, BN, STRIDE) fp16 pairs of weights
+    a_tile = cuda.shared.array(A_TILE, uint32)  # (2 x BM x STRIDE,) fp16 pairs of activations
+    b_tile = cuda.shared.array(B_TILE, uint32)  # (2 x BN x STRIDE,) fp16 pairs of weights
     acc = cuda.local.array(ACC_SHAPE, float32)  # (MI, NI, 4) this lane's outputs
     afrag = cuda.local.array(A_FRAG, uint32)  # (MI, 4)
     bfrag = cuda.local.array(B_FRAG, uint32)  # (NI, 2)
