@@ -152,13 +152,15 @@ def store_chunk(kreg, vreg, k_tile, vt_tile):
     for j in range(K_LOADS):
         a = tid + j * THREADS
         if a < KC * OCTETS:
+            at = uint32((a // OCTETS) * K_STRIDE + 4 * (a % OCTETS))  # (unsigned: see ``scores``)
             for u in range(4):
-                k_tile[(a // OCTETS) * K_STRIDE + 4 * (a % OCTETS) + u] = kreg[j, u]
+                k_tile[at + uint32(u)] = kreg[j, u]
     for j in range(V_LOADS):
         a = tid + j * THREADS
         if a < (KC // 2) * OCTETS:
+            at = uint32(8 * (a % OCTETS) * V_STRIDE + a // OCTETS)
             for u in range(8):
-                vt_tile[(8 * (a % OCTETS) + u) * V_STRIDE + a // OCTETS] = vreg[j, u]
+                vt_tile[at + uint32(u * V_STRIDE)] = vreg[j, u]
 
 
 @cuda.jit(device=True, inline=True)
@@ -177,13 +179,16 @@ def load_queries(qkv, ta, ha, tb, hb, scale, qf):
 
 @cuda.jit(device=True, inline=True)
 def scores(qf, k_tile, s):
-    """s (S_TILES, 4) = this warp's Q (16 rows) @ K^T of the chunk, as C fragments."""
+    """s (S_TILES, 4) = this warp's Q (16 rows) @ K^T of the chunk, as C fragments. Shared words
+    are found from one unsigned offset of the lane plus constants: a signed index makes Numba
+    check it for a negative value (Python's ``a[-1]``) at every access (see ``matmul_tc``)."""
     g, t = (cuda.threadIdx.x % WARP) // 4, cuda.threadIdx.x % 4
+    lane_at = uint32(g * K_STRIDE + t)
     for ni in range(S_TILES):
         s0 = s1 = s2 = s3 = ZERO
         for ks in range(K_SLICES):
-            w = (ni * 8 + g) * K_STRIDE + ks * 8 + t  # key ni * 8 + g, dim pairs t and t + 4
-            b0, b1 = k_tile[w], k_tile[w + 4]
+            w = lane_at + uint32(ni * 8 * K_STRIDE + ks * 8)  # key ni 8 + g, pairs t and t + 4
+            b0, b1 = k_tile[w], k_tile[w + uint32(4)]
             s0, s1, s2, s3 = mma_m16n8k16(qf[ks, 0], qf[ks, 1], qf[ks, 2], qf[ks, 3], b0, b1,
                                           s0, s1, s2, s3)
         s[ni, 0], s[ni, 1], s[ni, 2], s[ni, 3] = s0, s1, s2, s3
@@ -194,14 +199,15 @@ def add_values(s, vt_tile, o):
     """o (O_TILES, 4) += P @ V with P = s (already exp(S - m)) reused as A fragments: k slice kk of
     P is score tiles 2kk (its k pairs t) and 2kk + 1 (pairs t + 4)."""
     g, t = (cuda.threadIdx.x % WARP) // 4, cuda.threadIdx.x % 4
+    lane_at = uint32(g * V_STRIDE + t)
     for kk in range(KC // 16):
         a0 = pack_half2(s[2 * kk, 0], s[2 * kk, 1])  # row g, positions 2t, 2t + 1
         a1 = pack_half2(s[2 * kk, 2], s[2 * kk, 3])  # row g + 8
         a2 = pack_half2(s[2 * kk + 1, 0], s[2 * kk + 1, 1])  # row g, positions 2t + 8, 2t + 9
         a3 = pack_half2(s[2 * kk + 1, 2], s[2 * kk + 1, 3])  # row g + 8
         for nd in range(O_TILES):
-            w = (nd * 8 + g) * V_STRIDE + kk * 8 + t  # dim nd * 8 + g, position pairs t, t + 4
-            b0, b1 = vt_tile[w], vt_tile[w + 4]
+            w = lane_at + uint32(nd * 8 * V_STRIDE + kk * 8)  # dim nd 8 + g, pairs t, t + 4
+            b0, b1 = vt_tile[w], vt_tile[w + uint32(4)]
             o[nd, 0], o[nd, 1], o[nd, 2], o[nd, 3] = mma_m16n8k16(
                 a0, a1, a2, a3, b0, b1, o[nd, 0], o[nd, 1], o[nd, 2], o[nd, 3])
 
