@@ -65,7 +65,7 @@ def span_from_environment(value: str | None) -> int:
     """The fewest KV positions a split walks, from ``BLINK_EDU_DECODE_SPAN`` (read once, at
     import; a compile-time constant, so that ``tools/attention_probe.py --decode`` can time
     several side by side). 0: never split."""
-    span = int(value) if value else THREADS
+    span = int(value) if value and value.strip().isdigit() else (-1 if value else THREADS)
     if span < 0 or span % 32:
         raise ValueError(f"BLINK_EDU_DECODE_SPAN must be 0 or a multiple of 32, got {value!r}")
     return span
