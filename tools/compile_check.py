@@ -51,7 +51,7 @@ F32, F64, I32, F16 = types.float32, types.float64, types.int32, types.float16
 
 
 def kernels():
-    """(name, python function, signature) of every op kernel, as the executors launch them."""
+    """(name, kernel, signature) of every op kernel, as the executors launch them."""
     from blink_edu.kernels import (attention, elementwise, linear, matmul_tc, matmul_tc_decode,
                                    rope, sampling)
     from blink_edu.kv import device_blocks
@@ -59,41 +59,41 @@ def kernels():
     lin = lambda w: (arr(F32, 2), arr(I32, 1), arr(F32, 1), F32, arr(w, 2), arr(F32, 1),  # noqa: E731
                      arr(F32, 2), types.int64)
     attention_args = (arr(F32, 2), arr(I32, 1), arr(I32, 1), arr(I32, 2), arr(F32, 6), types.int64,
-                      types.int64, types.int64, arr(F32, 2), arr(F32, 2), arr(I32, 1))
+                      types.int64, types.int64, arr(F32, 2), arr(F32, 1), arr(I32, 1))
     return [
-        ("linear_fp16", linear.linear_kernel.py_func, lin(F16) + (types.boolean,)),
-        ("gemv_fp16", linear.gemv_kernel.py_func, lin(F16)),
-        ("tiled_matmul_fp16", linear.tiled_matmul_kernel.py_func, lin(F16)),
-        ("tc_prologue", matmul_tc.tc_prologue_kernel.py_func,
+        ("linear_fp16", linear.linear_kernel, lin(F16) + (types.boolean,)),
+        ("gemv_fp16", linear.gemv_kernel, lin(F16)),
+        ("tiled_matmul_fp16", linear.tiled_matmul_kernel, lin(F16)),
+        ("tc_prologue", matmul_tc.tc_prologue_kernel,
          (arr(F32, 2), arr(I32, 1), arr(F32, 1), F32, arr(F32, 1), arr(F32, 2), types.int64,
           arr(F32, 1))),
-        ("tc_matmul", matmul_tc.tc_matmul_kernel.py_func,
+        ("tc_matmul", matmul_tc.tc_matmul_kernel,
          (arr(F32, 2), arr(I32, 1), arr(F32, 1), arr(F16, 2), arr(F32, 1), arr(F32, 2),
           types.int64)),
-        ("tc_decode_linear", matmul_tc_decode.tc_decode_linear_kernel.py_func, lin(F16)),
-        ("tc_decode_swiglu", matmul_tc_decode.tc_decode_swiglu_kernel.py_func, lin(F16)[:-1]),
-        ("tc_decode_qkv_rope", matmul_tc_decode.tc_decode_qkv_rope_kernel.py_func,
+        ("tc_decode_linear", matmul_tc_decode.tc_decode_linear_kernel, lin(F16)),
+        ("tc_decode_swiglu", matmul_tc_decode.tc_decode_swiglu_kernel, lin(F16)[:-1]),
+        ("tc_decode_qkv_rope", matmul_tc_decode.tc_decode_qkv_rope_kernel,
          lin(F16)[:-1] + (arr(I32, 1), arr(I32, 1), arr(I32, 2), arr(F32, 2), arr(F32, 2),
                           arr(F32, 6), types.int64, types.int64, types.int64)),
-        ("linear_fp32", linear.linear_kernel.py_func, lin(F32) + (types.boolean,)),
-        ("gemv_swiglu_fp16", linear.gemv_swiglu_kernel.py_func, lin(F16)[:-1]),
-        ("gemv_qkv_rope_fp16", linear.gemv_qkv_rope_kernel.py_func,
+        ("linear_fp32", linear.linear_kernel, lin(F32) + (types.boolean,)),
+        ("gemv_swiglu_fp16", linear.gemv_swiglu_kernel, lin(F16)[:-1]),
+        ("gemv_qkv_rope_fp16", linear.gemv_qkv_rope_kernel,
          lin(F16)[:-1] + (arr(I32, 1), arr(I32, 1), arr(I32, 2), arr(F32, 2), arr(F32, 2),
                           arr(F32, 6), types.int64, types.int64, types.int64)),
-        ("paged_attention", attention.paged_attention_kernel.py_func, attention_args),
-        ("paged_attention_tc", attention.paged_attention_tc_kernel.py_func, attention_args),
-        ("rope_and_write_kv", rope.rope_and_write_kv_kernel.py_func,
+        ("paged_attention", attention.paged_attention_kernel, attention_args),
+        ("paged_attention_tc", attention.paged_attention_tc_kernel, attention_args),
+        ("rope_and_write_kv", rope.rope_and_write_kv_kernel,
          (arr(F32, 2), arr(I32, 1), arr(I32, 1), arr(I32, 2), arr(F32, 2), arr(F32, 2),
           arr(F32, 6), types.int64, types.int64, types.int64)),
-        ("swiglu", elementwise.swiglu_kernel.py_func, (arr(F32, 2), arr(F32, 2))),
-        ("sample_rows", sampling.sample_rows_kernel.py_func,
+        ("swiglu", elementwise.swiglu_kernel, (arr(F32, 2), arr(F32, 2))),
+        ("sample_rows", sampling.sample_rows_kernel,
          (arr(F32, 2), arr(F32, 1), arr(F32, 1), arr(I32, 1), arr(types.uint32, 1),
           arr(I32, 1), arr(I32, 1))),
-        ("books (kv)", device_blocks.books_kernel.py_func,
+        ("books (kv)", device_blocks.books_kernel,
          (types.int64,) * 3 + (arr(I32, 1), arr(I32, 2), arr(I32, 1)) + (arr(I32, 2),) * 3
          + (arr(I32, 1), types.int64) + (arr(I32, 1),) * 3),
-        ("claim (kv)", device_blocks.claim_kernel.py_func, (arr(I32, 1), arr(I32, 1))),
-        ("decide (sched)", device_policy.decide_kernel.py_func,
+        ("claim (kv)", device_blocks.claim_kernel, (arr(I32, 1), arr(I32, 1))),
+        ("decide (sched)", device_policy.decide_kernel,
          (types.int64, arr(I32, 1)) + (arr(F64, 1),) * 3 + (arr(I32, 1),) * 3
          + (F64, types.int64, types.int64) + (F64,) * 5 + (types.int64, arr(F64, 1))
          + (arr(I32, 1),) * 4),
@@ -154,9 +154,9 @@ def persistent_kernel_types() -> dict[str, tuple]:
 def persistent_kernels():
     from blink_edu.executors import forward_ops, persistent_kernel
     sigs = persistent_kernel_types()
-    return [("persistent_inline", persistent_kernel.persistent_scheduler_kernel.py_func,
+    return [("persistent_inline", persistent_kernel.persistent_scheduler_kernel,
              sigs["persistent"]),
-            ("forward_op (graph)", forward_ops.forward_op_kernel.py_func, sigs["forward_op"])]
+            ("forward_op (graph)", forward_ops.forward_op_kernel, sigs["forward_op"])]
 
 
 def ptxas(path: Path) -> subprocess.CompletedProcess:
@@ -183,7 +183,8 @@ def main() -> int:
         if args.only not in name:
             continue
         try:
-            ptx, _ = cuda.compile_ptx(func, sig, cc=(9, 0))
+            ptx, _ = cuda.compile_ptx(func.py_func, sig, cc=(9, 0),  # with the kernel's bounds
+                                      launch_bounds=func.targetoptions.get("launch_bounds"))
         except Exception as err:  # noqa: BLE001 - reported, then the next kernel
             print(f"{name:20s} FAILED to compile: {type(err).__name__}: {str(err)[:int(os.environ.get('ERRLEN', '300'))]}")
             failed += 1

@@ -40,6 +40,15 @@ def grid_for(n_items: int, max_blocks: int = 1024) -> int:
     return max(1, min(n_items, max_blocks))
 
 
+def kernel_for_blocks_per_sm(blocks: int):
+    """``cuda.jit`` for a kernel of THREADS-thread blocks that must fit ``blocks`` blocks on an
+    SM: launch bounds make the compiler keep to 65536 / (blocks x THREADS) registers a thread.
+    Registers go by eights: at 128 threads a block, 96 registers fit five blocks on an SM, 100
+    only four — and a grid of 576 blocks (a batch-64 decode step's attention) then runs in two
+    waves instead of one. (The simulator has no registers: plain ``cuda.jit``.)"""
+    return cuda.jit if SIMULATOR else cuda.jit(launch_bounds=(THREADS, blocks))
+
+
 WARP = 32
 FULL_MASK = 0xFFFFFFFF
 ZERO_I32 = int32(0)
