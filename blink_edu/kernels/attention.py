@@ -44,9 +44,8 @@ import numpy as np
 from numba import float32
 
 from . import loads
-from .attention_tc import (HEAD_DIM, ROWS, SPLIT_ITEMS, TILE_SCRATCH_WORDS, WORKSPACE_WORDS,
-                           attend_tile, one_sequence, tc_attention_tiles, tc_attention_tiles_device,
-                           tile_splits, tile_splits_device)
+from .attention_tc import (ROWS, WORKSPACE_WORDS, attend_tile, one_sequence, tc_attention_tiles,
+                           tc_attention_tiles_device)
 from .loads import VEC, load8_at
 from .reduce import NEG_INF, THREADS, block_max, block_sum, cuda, kernel_for_blocks_per_sm
 
@@ -101,24 +100,13 @@ def span_of(context, splits):
 span_of_device = cuda.jit(device=True, inline=True)(span_of)
 
 
-def decode_words(head_dim):
-    """float32 words of ``partials`` the per-token splits use: SPLIT_BLOCKS rows of (acc, m, l),
-    E + 2 each, rounded up to 16 bytes; the tiles' splits use the words after them."""
-    return -(-SPLIT_BLOCKS * (head_dim + 2) // 4) * 4
-
-
-decode_words_device = cuda.jit(device=True, inline=True)(decode_words)
-
-
 def attention_scratch(head_dim: int):
-    """What the splits of ``paged_attention`` exchange: ``partials`` f32, a per-token split's
-    (acc, m, l) in row ``pair * splits + split`` of its first ``decode_words(E)`` words (E + 2 a
-    row), then — with heads the tile takes — each tile split's lane shares
-    (``attention_tc.TILE_SCRATCH_WORDS``); ``arrivals`` i32, the splits done so far of each
-    (token, head), then of each tile item (zeros: the merging split resets its count)."""
-    tile_words = TILE_SCRATCH_WORDS if head_dim == HEAD_DIM else 0
-    return (cuda.device_array(decode_words(head_dim) + tile_words, np.float32),
-            cuda.to_device(np.zeros(SPLIT_BLOCKS + SPLIT_ITEMS, np.int32)))
+    """What the splits of ``paged_attention`` exchange: ``partials`` (SPLIT_BLOCKS * (E + 2),)
+    f32, a split's (acc, m, l) in row ``pair * splits + split`` of E + 2 words, and ``arrivals``
+    (SPLIT_BLOCKS,) i32, the splits of a (token, head) done so far (zeros: the merging split
+    resets its count)."""
+    return (cuda.device_array(SPLIT_BLOCKS * (head_dim + 2), np.float32),
+            cuda.to_device(np.zeros(SPLIT_BLOCKS, np.int32)))
 
 
 @cuda.jit(device=True, inline=True)
@@ -294,12 +282,10 @@ def merge_splits(t, h, E, pair, split, splits, used, m, total, out, partials, ar
 
 def attention_work_items(num_tokens, num_heads, num_kv_heads, head_dim, tensor_cores):
     """Work items of ``paged_attention`` (to size the grid): a tile a KV head where
-    ``tensor_cores`` (each over ``tile_splits`` blocks), then the splits of the (token, query
-    head) pairs."""
+    ``tensor_cores``, then the splits of the (token, query head) pairs."""
     tiles = tc_attention_tiles(num_tokens, num_heads // num_kv_heads, head_dim) if tensor_cores else 0
     pairs = num_tokens * num_heads
-    return (tiles * num_kv_heads * tile_splits(tiles * num_kv_heads)
-            + pairs * attention_splits(pairs))
+    return tiles * num_kv_heads + pairs * attention_splits(pairs)
 
 
 @cuda.jit(device=True, inline=True)
@@ -308,11 +294,10 @@ def paged_attention(qkv, positions, seq_rows, block_tables, kv_pool, layer, num_
     """out (T, H * E) = softmax(q k^T / sqrt(E)) v per (token, head), q read from qkv (T, ...).
     Requires E <= THREADS, or E % 8 == 0 (with wide loads) and E <= MAX_HEAD_DIM. With
     ``tensor_cores`` (an fp16 model), a tile of consecutive tokens of one sequence — a prompt
-    chunk — is a work item of ``attention_tc.attend_tile`` for a KV head, split over its
-    context when the tiles are few; the tokens of the other tiles (a decode batch: one token a
-    sequence) take ``attend_token``, one split of a (token, query head) an item. Items
-    ``[0, tiles * K * tile splits)`` are the tiles', the rest the pairs' splits. ``partials``,
-    ``arrivals``: ``attention_scratch``."""
+    chunk — is one work item of ``attention_tc.attend_tile`` for a KV head; the tokens of the
+    other tiles (a decode batch: one token a sequence) take ``attend_token``, one split of a
+    (token, query head) an item. Items ``[0, tiles * K)`` are the tiles, the rest the splits.
+    ``partials``, ``arrivals``: ``attention_scratch``."""
     T = qkv.shape[0]
     group = num_heads // num_kv_heads
     tiles = 0
@@ -320,25 +305,19 @@ def paged_attention(qkv, positions, seq_rows, block_tables, kv_pool, layer, num_
         tiles = tc_attention_tiles_device(T, group, kv_pool.shape[5])
     per_tile = ROWS // group  # tokens a tile
     tile_items = tiles * num_kv_heads
-    tile_blocks = 0  # items of the tiles' splits
     workspace = cuda.shared.array(WORKSPACE, float32)  # one allocation, every path's views
     if tensor_cores:  # (a constant False compiles the tile out)
-        tsplits = tile_splits_device(tile_items)
-        tile_blocks = tile_items * tsplits
-        tile_partials = partials[decode_words_device(kv_pool.shape[5]):]
-        for item in range(block, tile_blocks, n_blocks):
-            tile_item, split = item // tsplits, item % tsplits
-            tile, kvh = tile_item // num_kv_heads, tile_item % num_kv_heads
+        for item in range(block, tile_items, n_blocks):
+            tile, kvh = item // num_kv_heads, item % num_kv_heads
             t0 = tile * per_tile
             n = min(per_tile, T - t0)
             if one_sequence(positions, seq_rows, t0, n):
                 attend_tile(qkv, positions, seq_rows, block_tables, kv_pool, layer, group, kvh,
-                            t0, n, split, tsplits, tile_item, out, tile_partials,
-                            arrivals[SPLIT_BLOCKS:], workspace.view(np.uint32))
+                            t0, n, out, workspace.view(np.uint32))
     # the splits of the (token, query head) pairs: items after the tiles, a split's items on
     # consecutive blocks
     splits = attention_splits_device(T * num_heads)
-    first = (block - tile_blocks % n_blocks + n_blocks) % n_blocks  # the block after the tiles
+    first = (block - tile_items % n_blocks + n_blocks) % n_blocks  # the block after the tiles
     for item in range(first, T * num_heads * splits, n_blocks):
         pair, split = item // splits, item % splits
         t, h = pair // num_heads, pair % num_heads

@@ -32,19 +32,6 @@ chunks of ``KC`` positions and, per chunk (FlashAttention-2, Dao 2023):
 At the end ``out = O / l``. fp16 operands, fp32 accumulation and softmax: the same rounding as
 the linear layers on tensor cores.
 
-**Splitting a tile's context.** A causal prompt's tiles are unequal: the first of a 512-token
-prompt walks 21 positions, the last all 512, one chunk after the other — and with few tiles (75
-items for that prompt, on 132 SMs) the last ones are the kernel's whole time. So when the items
-are few (``tile_splits``) each is cut into up to ``MAX_TILE_SPLITS`` spans of whole chunks,
-walked by different blocks at once, as ``attention.py`` splits a decode token's context. Each
-split leaves every lane's fragments — its ``o`` accumulators and its two rows' ``m`` and ``l``,
-``LANE_WORDS`` floats — in ``partials`` and counts itself in ``arrivals``; the last to arrive
-reads the others' shares *in the same fragment layout*, lane by lane (``load4_from_l2``: from L2,
-past an L1 that may hold an earlier layer's copy), and folds them in with the online softmax's
-own rescaling (``add_split``) before writing ``out``. A split whose span starts after a row's
-token leaves that row ``m = -inf`` and nothing summed (``rebased`` keeps that from becoming
-``exp(nan)``).
-
 **Where it does not serve.** A tile must hold consecutive tokens of one sequence — a decode
 batch (one token per sequence) has none, and ``attention.py``'s path serves it;
 ``paged_attention`` there picks per tile. Head size 64 only (``HEAD_DIM``: the fragments'
@@ -62,7 +49,7 @@ import os
 
 from numba import float32, uint32
 
-from .loads import load4_from_l2, load8_at
+from .loads import load8_at
 from .matmul_tc import mma_m16n8k16, pack_half2
 from .reduce import NEG_INF, THREADS, WARP, cuda, quad_max, quad_sum
 
@@ -93,10 +80,6 @@ K_STRIDE = HEAD_DIM // 2 + 4  # 32-bit words a key row in shared memory (fp16 pa
 V_STRIDE = KC // 2 + 4  # ... and a row of V^T; +4: lanes (g, t) hit 32 different banks
 K_WORDS = KC * K_STRIDE
 WORKSPACE_WORDS = K_WORDS + HEAD_DIM * V_STRIDE  # the shared memory a tile needs (uint32)
-LANE_WORDS = 4 * O_TILES + 4  # what a lane leaves for the merge: its o fragments, m and l of its 2 rows
-MAX_TILE_SPLITS = 4  # blocks one tile's context is split over, at most
-SPLIT_ITEMS = 528  # tile splits the scratch holds (4 an H200 SM): tile items x splits <= this
-TILE_SCRATCH_WORDS = SPLIT_ITEMS * THREADS * LANE_WORDS  # float32 (9.7 MB on a GPU)
 K_LOADS = -(-KC * OCTETS // THREADS)  # each thread's wide loads of keys a chunk
 V_LOADS = -(-(KC // 2) * OCTETS // THREADS)  # and of value pairs (two positions each)
 ZERO = float32(0)
@@ -112,16 +95,6 @@ def tc_attention_tiles(num_tokens, group, head_dim):
 
 
 tc_attention_tiles_device = cuda.jit(device=True)(tc_attention_tiles)
-
-
-def tile_splits(tile_items):
-    """Blocks each of ``tile_items`` (tile, KV head) items is split over: a causal prompt's last
-    tile walks the whole context, its first a few positions, so with few items the last ones
-    are the whole kernel's time — unless their contexts are cut into spans walked at once."""
-    return max(1, min(MAX_TILE_SPLITS, SPLIT_ITEMS // max(tile_items, 1)))
-
-
-tile_splits_device = cuda.jit(device=True, inline=True)(tile_splits)
 
 
 @cuda.jit(device=True, inline=True)
@@ -240,55 +213,10 @@ def add_values(s, vt_tile, o):
 
 
 @cuda.jit(device=True, inline=True)
-def rebased(m, top):
-    """exp(m - top): how much a sum kept against max ``m`` weighs against max ``top`` >= m. A
-    row that has seen no position yet (a split of the context after its token) has m = top =
-    -inf and nothing summed: 0, not exp(nan)."""
-    return math.exp(m - (top if top > NEG_INF else ZERO))
-
-
-@cuda.jit(device=True, inline=True)
-def arrive_last(arrivals, item, used, words):
-    """Count this split of tile item ``item`` as arrived (its partials written); whether it is the
-    last of the ``used`` splits — that one resets the count. Every thread must call it."""
-    cuda.threadfence()  # this block's partials reach L2 before its arrival is counted
-    cuda.syncthreads()
-    if cuda.threadIdx.x == 0:
-        last = cuda.atomic.add(arrivals, item, 1) == used - 1
-        if last:
-            arrivals[item] = 0  # ready for the next layer
-        words[0] = uint32(1) if last else uint32(0)
-    cuda.syncthreads()
-    last = words[0] == 1
-    cuda.syncthreads()  # (words is the next item's shared memory)
-    return last
-
-
-@cuda.jit(device=True, inline=True)
-def add_split(o, m_a, m_b, l_a, l_b, partials, at):
-    """Fold another split's lane share (``partials[at : at + LANE_WORDS]``, read from L2: another
-    block wrote it) into this lane's o (O_TILES, 4) and its rows' (m, l); returns the new
-    (m_a, m_b, l_a, l_b). Each side is weighed by exp(its max - the larger max), as the online
-    softmax rescales a chunk."""
-    ms_a, ms_b, ls_a, ls_b = load4_from_l2(partials, (at + 4 * O_TILES,))
-    top_a, top_b = max(m_a, ms_a), max(m_b, ms_b)
-    own_a, own_b = rebased(m_a, top_a), rebased(m_b, top_b)
-    its_a, its_b = rebased(ms_a, top_a), rebased(ms_b, top_b)
-    for nd in range(O_TILES):
-        q0, q1, q2, q3 = load4_from_l2(partials, (at + 4 * nd,))
-        o[nd, 0], o[nd, 1] = o[nd, 0] * own_a + q0 * its_a, o[nd, 1] * own_a + q1 * its_a
-        o[nd, 2], o[nd, 3] = o[nd, 2] * own_b + q2 * its_b, o[nd, 3] * own_b + q3 * its_b
-    return top_a, top_b, l_a * own_a + ls_a * its_a, l_b * own_b + ls_b * its_b
-
-
-@cuda.jit(device=True, inline=True)
-def attend_tile(qkv, positions, seq_rows, block_tables, kv_pool, layer, group, kvh, t0, n, split,
-                splits, item, out, partials, arrivals, words):
+def attend_tile(qkv, positions, seq_rows, block_tables, kv_pool, layer, group, kvh, t0, n, out,
+                words):
     """out[t, h * E : (h + 1) * E] for the n (<= ROWS // group) consecutive tokens t0 .. t0 + n - 1
-    of one sequence and the query heads h of KV head ``kvh``: tile item ``item`` — or its split
-    ``split`` of ``splits``, whole chunks of the context, each block leaving every lane's
-    fragments in ``partials`` (float32, TILE_SCRATCH_WORDS) and counting itself in ``arrivals``;
-    the last to arrive merges them in registers and writes ``out``. ``words``: shared uint32
+    of one sequence and the query heads h of KV head ``kvh``. ``words``: shared uint32
     (>= WORKSPACE_WORDS). Every thread of the block must call it."""
     warp, lane = cuda.threadIdx.x // WARP, cuda.threadIdx.x % WARP
     g, t = lane // 4, lane % 4
@@ -301,11 +229,6 @@ def attend_tile(qkv, positions, seq_rows, block_tables, kv_pool, layer, group, k
     vreg = cuda.local.array((V_LOADS, 8), uint32)
     row, p0 = seq_rows[t0], positions[t0]
     end = p0 + n  # the context of the tile's last token
-    span = -(-(-(-end // KC)) // splits) * KC  # positions a split walks: whole chunks
-    used = -(-end // span)  # splits with positions to walk
-    if split >= used:
-        return  # (the whole block)
-    lo, hi = split * span, min(end, split * span + span)
     # This lane's rows: g and g + 8 of the warp's 16, each a (token, query head) pair. Rows past
     # the tile's tokens compute with the last token's position and are never written.
     ra, rb = warp * 16 + g, warp * 16 + g + 8
@@ -320,13 +243,13 @@ def attend_tile(qkv, positions, seq_rows, block_tables, kv_pool, layer, group, k
             o[nd, q] = 0
     m_a = m_b = NEG_INF
     l_a = l_b = ZERO  # this lane's share of each row's sum (the quad adds them at the end)
-    load_chunk(kv_pool, block_tables, row, layer, kvh, lo, hi, kreg, vreg)
+    load_chunk(kv_pool, block_tables, row, layer, kvh, 0, end, kreg, vreg)
     store_chunk(kreg, vreg, k_tile, vt_tile)
     cuda.syncthreads()
-    for c0 in range(lo, hi, KC):
-        more = c0 + KC < hi
+    for c0 in range(0, end, KC):
+        more = c0 + KC < end
         if more:  # the next chunk's loads, in flight during this chunk's math
-            load_chunk(kv_pool, block_tables, row, layer, kvh, c0 + KC, hi, kreg, vreg)
+            load_chunk(kv_pool, block_tables, row, layer, kvh, c0 + KC, end, kreg, vreg)
         if c0 < warp_end:  # the same for the whole warp
             scores(qf, k_tile, s)
             max_a = max_b = NEG_INF
@@ -343,13 +266,13 @@ def attend_tile(qkv, positions, seq_rows, block_tables, kv_pool, layer, group, k
                 max_a = max(max_a, max(s[ni, 0], s[ni, 1]))
                 max_b = max(max_b, max(s[ni, 2], s[ni, 3]))
             new_a, new_b = max(m_a, quad_max(max_a)), max(m_b, quad_max(max_b))
-            # -inf only in a split after position 0, for a row that sees none of its chunks yet
-            rescale_a, rescale_b = rebased(m_a, new_a), rebased(m_b, new_b)
+            # Finite after the first chunk: position 0 is in every row's context.
+            rescale_a, rescale_b = math.exp(m_a - new_a), math.exp(m_b - new_b)
             m_a, m_b = new_a, new_b
             l_a, l_b = l_a * rescale_a, l_b * rescale_b
             for ni in range(S_TILES):
-                s[ni, 0], s[ni, 1] = rebased(s[ni, 0], m_a), rebased(s[ni, 1], m_a)
-                s[ni, 2], s[ni, 3] = rebased(s[ni, 2], m_b), rebased(s[ni, 3], m_b)
+                s[ni, 0], s[ni, 1] = math.exp(s[ni, 0] - m_a), math.exp(s[ni, 1] - m_a)
+                s[ni, 2], s[ni, 3] = math.exp(s[ni, 2] - m_b), math.exp(s[ni, 3] - m_b)
                 l_a += s[ni, 0] + s[ni, 1]
                 l_b += s[ni, 2] + s[ni, 3]
             for nd in range(O_TILES):
@@ -361,20 +284,6 @@ def attend_tile(qkv, positions, seq_rows, block_tables, kv_pool, layer, group, k
             store_chunk(kreg, vreg, k_tile, vt_tile)
             cuda.syncthreads()
     l_a, l_b = quad_sum(l_a), quad_sum(l_b)
-    if used > 1:  # leave this lane's share, and the last split to arrive merges every split's
-        lane_at = (item * splits + split) * THREADS + cuda.threadIdx.x
-        for nd in range(O_TILES):
-            for q in range(4):
-                partials[lane_at * LANE_WORDS + 4 * nd + q] = o[nd, q]
-        at = lane_at * LANE_WORDS + 4 * O_TILES
-        partials[at], partials[at + 1], partials[at + 2], partials[at + 3] = m_a, m_b, l_a, l_b
-        if not arrive_last(arrivals, item, used, words):
-            return
-        for other in range(used):
-            if other != split:
-                lane_at = (item * splits + other) * THREADS + cuda.threadIdx.x
-                m_a, m_b, l_a, l_b = add_split(o, m_a, m_b, l_a, l_b, partials,
-                                               lane_at * LANE_WORDS)
     for nd in range(O_TILES):
         e = nd * 8 + 2 * t
         if ja < n:

@@ -15,8 +15,7 @@ one ``ld.global.v4.u32``. ``load8(w, row, col)`` (a matrix) and ``load8_1d(v, co
 vector) are the two shapes the GEMV uses; attention reads the 6-d KV pool with ``load8_at``.
 ``load4_at(a, index)`` is the raw form for arrays of 32-bit numbers (float32, or fp16 *pairs*
 seen as uint32): one 16-byte load, four elements back unconverted — how the tensor-core tile
-(``matmul_tc.py``) stages its operands. ``load4_from_l2`` is ``load4_at`` for float32 read past
-the SM's L1 (``ld.global.cg``): how a block reads what other blocks of a running kernel wrote.
+(``matmul_tc.py``) stages its operands.
 
 The contract: ``col`` is a multiple of 8 and every row of ``a`` starts 16-byte aligned — true
 when the row length is a multiple of 8 elements (device allocations are 256-byte aligned). The
@@ -134,42 +133,16 @@ def _gpu_loads():
 
         return sig, codegen
 
-    # 16 bytes from L2, past this SM's L1 (``.cg``: cached globally): what another block wrote
-    # during this kernel, where L1 may hold an older copy of the same address.
-    l2_quad = ir.InlineAsm(
-        ir.FunctionType(ir.LiteralStructType([f32] * 4), [ir.IntType(64)]),
-        "{ .reg .u64 g; cvta.to.global.u64 g, $4; ld.global.cg.v4.f32 {$0, $1, $2, $3}, [g]; }",
-        "=f,=f,=f,=f,l")
-
-    @intrinsic
-    def load4_from_l2(typingctx, a, index):
-        if not isinstance(a, types.Array) or a.dtype != types.float32:
-            raise TypeError(f"load4_from_l2 takes a float32 array, not {a}")
-        check_index(a, index)
-        sig = types.UniTuple(types.float32, 4)(a, index)
-
-        def codegen(context, builder, signature, args):
-            tup = signature.args[1]
-            quads = quads_at(context, builder, signature.args[0], args[0],
-                             cgutils.unpack_tuple(builder, args[1], len(tup)), list(tup.types))
-            four = builder.call(l2_quad, [builder.ptrtoint(quads, ir.IntType(64))])
-            return context.make_tuple(builder, signature.return_type,
-                                      [builder.extract_value(four, k) for k in range(4)])
-
-        return sig, codegen
-
-    return load8_at, load4_at, load4_from_l2
+    return load8_at, load4_at
 
 
 # load8_at(a, (i, j, ..., col)): the 8 elements a[i, j, ..., col:col + 8] as 8 float32.
 # load4_at(a, (i, ..., col)): the 4 elements a[i, ..., col:col + 4] of a 32-bit array, unconverted.
-# load4_from_l2(a, (i, ..., col)): the same for float32, read from L2, never from this SM's L1.
 if SIMULATOR:
     load8_at = cuda.jit(device=True)(_sim_load8_at)
     load4_at = cuda.jit(device=True)(_sim_load4_at)
-    load4_from_l2 = load4_at  # (the simulator has no caches)
 else:
-    load8_at, load4_at, load4_from_l2 = _gpu_loads()
+    load8_at, load4_at = _gpu_loads()
 
 
 @cuda.jit(device=True, inline=True)

@@ -6,10 +6,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from blink_edu.kernels.attention import (SPLIT_BLOCKS, attention_kernel, attention_scratch,
-                                         attention_splits, attention_work_items, decode_words,
+from blink_edu.kernels.attention import (attention_kernel, attention_scratch, attention_splits,
+                                         attention_work_items,
                                          paged_attention_kernel, uses_attention_tiles)
-from blink_edu.kernels.attention_tc import HEAD_DIM, MAX_TILE_SPLITS, ROWS, SPLIT_ITEMS, tile_splits
+from blink_edu.kernels.attention_tc import HEAD_DIM, ROWS
 from blink_edu.kernels.reduce import THREADS, cuda, grid_for
 
 from test_ops import attention_inputs, rel_err
@@ -75,29 +75,6 @@ def test_prompt_tiles_match_the_reference(rng, heads, kv_heads):
         assert rel_err(tiled[t], expected[t]) < 2e-2, t
 
 
-def test_split_tiles_merge_to_the_reference_and_leave_no_count(rng):
-    """A chunk whose tiles' contexts span several chunks of KC positions, split over blocks
-    (few tiles: ``tile_splits`` > 1); its first tile straddles a split's start, so some of its
-    rows see nothing in that split (m = -inf there). The merging split resets its count for the
-    next layer."""
-    from blink_edu.kernels.attention_tc import KC
-    H, K = 3, 1
-    per_tile = ROWS // (H // K)
-    chunks = [(2 * KC - 2, per_tile + 2)]  # positions across 2 KC: a split's start at span KC
-    args, expected = random_case(rng, H, K, chunks, B=4, N=32)
-    assert tile_splits(2 * K) > 1
-    scratch = attention_scratch(HEAD_DIM)
-    out = cuda.to_device(np.full(expected.shape, np.nan, np.float32))
-    attention_kernel(True)[grid_for(attention_work_items(len(args[1]), H, K, HEAD_DIM, True)),
-                           THREADS](*(cuda.to_device(a) for a in args[:5]), args[5], H, K, out,
-                                    *scratch)
-    tiled = out.copy_to_host()
-    assert 1e-6 < rel_err(tiled, expected) < 1e-2
-    for t in range(len(expected)):
-        assert rel_err(tiled[t], expected[t]) < 2e-2, t
-    assert not scratch[1].copy_to_host().any(), "the merging split resets its count"
-
-
 def check_ragged_batch(rng, H, K, chunks, B, N):
     """Prompt chunks beside decode tokens: tiles inside the chunks take the tensor cores, tiles
     across a seam or over decode tokens the float32 path, bit for bit what it computes alone."""
@@ -135,21 +112,6 @@ def test_the_tile_declines_other_head_sizes():
     assert tc_attention_tiles(100, 3, 128) == 0
     assert tc_attention_tiles(100, ROWS + 1, HEAD_DIM) == 0
     assert attention_work_items(10, 4, 2, 32, True) == 10 * 4 * attention_splits(10 * 4)
-    tiles = tc_attention_tiles(100, 3, HEAD_DIM)
-    assert attention_work_items(100, 9, 3, HEAD_DIM, True) == (
-        tiles * 3 * tile_splits(tiles * 3) + 900 * attention_splits(900))
-
-
-@pytest.mark.parametrize("tile_items", [1, 3, 75, 132, 200, 264, 265, 1000])
-def test_tile_splits_fit_their_scratch(tile_items):
-    splits = tile_splits(tile_items)
-    assert 1 <= splits <= MAX_TILE_SPLITS
-    assert splits == 1 or tile_items * splits <= SPLIT_ITEMS
-
-
-def test_the_scratch_holds_both_kinds_of_split():
-    assert len(attention_scratch(HEAD_DIM)[1]) == SPLIT_BLOCKS + SPLIT_ITEMS
-    assert len(attention_scratch(32)[0]) == decode_words(32)  # no tile: no tile scratch
     # a host launches the kernel without the tile unless the step can use it
     assert attention_kernel(uses_attention_tiles(True, True, 2, 32)) is paged_attention_kernel
     assert attention_kernel(uses_attention_tiles(True, False, 3, HEAD_DIM)) is paged_attention_kernel
