@@ -10,11 +10,11 @@ For each prompt length P (a whole prompt in one step, positions 0..P-1, KV in sc
 q, k, v and the probabilities to fp16), then times ``--replays`` launches of each captured in one
 CuPy graph (a launch from Python costs ~55 µs, more than a short prompt's attention).
 ``--chunks``: the tile's KV positions a chunk (``BLINK_EDU_ATTENTION_CHUNK``, a compile-time
-constant; the default is what the executors run), each value timed in a process of its own. ``--decode``: decode batches instead (one
-token a sequence, contexts ``--contexts``), the per-token path built with each of ``--spans``
-(``BLINK_EDU_DECODE_SPAN``: the fewest positions a split walks; 0, never split), each against
-the NumPy reference. Prints the table; with ``--json`` writes it
-with the machine and the commit (``BLINK_EDU_COMMIT``).
+constant; the default is what the executors run), each value timed in a process of its own.
+``--decode``: decode batches instead (one token a sequence, contexts ``--contexts``), the
+per-token path built with each of ``--spans`` (``BLINK_EDU_DECODE_SPAN``: the fewest positions a
+split walks; 0, never split), each against the NumPy reference. Prints the table; with
+``--json`` writes it with the machine and the commit (``BLINK_EDU_COMMIT``).
 """
 
 from __future__ import annotations

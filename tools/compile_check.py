@@ -59,7 +59,7 @@ def kernels():
     lin = lambda w: (arr(F32, 2), arr(I32, 1), arr(F32, 1), F32, arr(w, 2), arr(F32, 1),  # noqa: E731
                      arr(F32, 2), types.int64)
     attention_args = (arr(F32, 2), arr(I32, 1), arr(I32, 1), arr(I32, 2), arr(F32, 6), types.int64,
-                      types.int64, types.int64, arr(F32, 2), arr(F32, 1), arr(I32, 1))
+                      types.int64, types.int64, arr(F32, 2), arr(F32, 2), arr(I32, 1))
     return [
         ("linear_fp16", linear.linear_kernel, lin(F16) + (types.boolean,)),
         ("gemv_fp16", linear.gemv_kernel, lin(F16)),

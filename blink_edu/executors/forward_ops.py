@@ -129,7 +129,7 @@ class StepBuffers(NamedTuple):
     step_seeds: object  # (S,) u32
     counters: object  # (S,) i32 tokens the row's request has generated (its random stream)
     tokens: object  # (S,) i32 the sampled tokens
-    attn_partials: object  # f32 and i32: what attention's splits exchange
+    attn_partials: object  # (P, E + 2) f32 and (P,) i32: what attention's splits exchange
     attn_arrivals: object  # (``attention.attention_scratch``)
 
 

@@ -101,11 +101,10 @@ span_of_device = cuda.jit(device=True, inline=True)(span_of)
 
 
 def attention_scratch(head_dim: int):
-    """What the splits of ``paged_attention`` exchange: ``partials`` (SPLIT_BLOCKS * (E + 2),)
-    f32, a split's (acc, m, l) in row ``pair * splits + split`` of E + 2 words, and ``arrivals``
-    (SPLIT_BLOCKS,) i32, the splits of a (token, head) done so far (zeros: the merging split
-    resets its count)."""
-    return (cuda.device_array(SPLIT_BLOCKS * (head_dim + 2), np.float32),
+    """What the splits of ``paged_attention`` exchange: ``partials`` (SPLIT_BLOCKS, E + 2) f32,
+    a split's (acc, m, l), and ``arrivals`` (SPLIT_BLOCKS,) i32, the splits of a (token, head)
+    done so far (zeros: the merging split resets its count)."""
+    return (cuda.device_array((SPLIT_BLOCKS, head_dim + 2), np.float32),
             cuda.to_device(np.zeros(SPLIT_BLOCKS, np.int32)))
 
 
@@ -236,24 +235,23 @@ def attend_token(qkv, positions, seq_rows, block_tables, kv_pool, layer, t, h, n
         if used == 1:
             out[t, h * E + e] = value / total
         else:
-            partials[(pair * splits + split) * (E + 2) + e] = value
+            partials[pair * splits + split, e] = value
     if used > 1:
-        merge_splits(t, h, E, pair, split, splits, used, m, total, out, partials, arrivals,
-                     scratch)
+        merge_splits(t, h, pair, split, splits, used, m, total, out, partials, arrivals, scratch)
     cuda.syncthreads()
 
 
 @cuda.jit(device=True, inline=True)
-def merge_splits(t, h, E, pair, split, splits, used, m, total, out, partials, arrivals, scratch):
-    """Leave this split's m and l beside its acc in ``partials`` (row ``pair * splits + split``,
-    E + 2 words); the last of the ``used`` splits of (t, h) to arrive adds them all up into
-    ``out``. Every thread of the block must call it."""
+def merge_splits(t, h, pair, split, splits, used, m, total, out, partials, arrivals, scratch):
+    """Leave this split's m and l beside its acc in ``partials`` (row ``pair * splits + split``);
+    the last of the ``used`` splits of (t, h) to arrive adds them all up into ``out``. Every
+    thread of the block must call it."""
     tid = cuda.threadIdx.x
-    W = E + 2  # words a row
+    E = partials.shape[1] - 2
     first = pair * splits  # the pair's rows of ``partials``
     if tid == 0:
-        partials[(first + split) * W + E] = m
-        partials[(first + split) * W + E + 1] = total
+        partials[first + split, E] = m
+        partials[first + split, E + 1] = total
     cuda.threadfence()  # this block's partials reach L2 before its arrival is counted
     cuda.syncthreads()
     if tid == 0:
@@ -269,14 +267,13 @@ def merge_splits(t, h, E, pair, split, splits, used, m, total, out, partials, ar
     # writes, which this SM's L1 may hold an older copy of from an earlier layer)
     top = NEG_INF
     for s in range(used):
-        top = max(top, cuda.atomic.add(partials, (first + s) * W + E, float32(0)))
+        top = max(top, cuda.atomic.add(partials, (first + s, E), float32(0)))
     for e in range(tid, E, THREADS):
         num, den = float32(0), float32(0)
         for s in range(used):
-            row = (first + s) * W
-            f = math.exp(cuda.atomic.add(partials, row + E, float32(0)) - top)
-            num += f * cuda.atomic.add(partials, row + e, float32(0))
-            den += f * cuda.atomic.add(partials, row + E + 1, float32(0))
+            f = math.exp(cuda.atomic.add(partials, (first + s, E), float32(0)) - top)
+            num += f * cuda.atomic.add(partials, (first + s, e), float32(0))
+            den += f * cuda.atomic.add(partials, (first + s, E + 1), float32(0))
         out[t, h * E + e] = num / den
 
 
