@@ -67,7 +67,7 @@ def kernels():
         ("tc_prologue", matmul_tc.tc_prologue_kernel,
          (arr(F32, 2), arr(I32, 1), arr(F32, 1), F32, arr(F32, 1), arr(F32, 2), types.int64,
           arr(F32, 1))),
-        ("tc_matmul", matmul_tc.tc_matmul_kernel,
+        ("tc_matmul", matmul_tc.tc_matmul_kernel[True],
          (arr(F32, 2), arr(I32, 1), arr(F32, 1), arr(F16, 2), arr(F32, 1), arr(F32, 2),
           types.int64)),
         ("tc_decode_linear", matmul_tc_decode.tc_decode_linear_kernel, lin(F16)),

@@ -50,6 +50,11 @@ def _sim_load4_at(a, index):
     return tuple(a[head + (last + k,)] for k in range(4))
 
 
+def _sim_load4_flat(a, at):
+    flat = a.reshape(-1)
+    return tuple(flat[at + k] for k in range(4))
+
+
 def _gpu_loads():
     from llvmlite import ir
     from numba.core import cgutils, types
@@ -133,16 +138,40 @@ def _gpu_loads():
 
         return sig, codegen
 
-    return load8_at, load4_at
+    @intrinsic
+    def load4_flat(typingctx, a, at):
+        if (not isinstance(a, types.Array) or a.layout != "C"
+                or a.dtype not in (types.float32, types.uint32, types.int32)):
+            raise TypeError(f"load4_flat takes a C-contiguous array of 32-bit numbers, not {a}")
+        if not isinstance(at, types.Integer):
+            raise TypeError(f"load4_flat takes one integer offset, not {at}")
+        sig = types.UniTuple(a.dtype, 4)(a, at)
+
+        def codegen(context, builder, signature, args):
+            ary = context.make_array(signature.args[0])(context, builder, args[0])
+            offset = context.cast(builder, args[1], signature.args[1], types.intp)
+            word = builder.gep(builder.bitcast(ary.data, i32.as_pointer()), [offset])
+            loaded = builder.load(builder.bitcast(word, quad.as_pointer()), align=16)
+            words = [builder.extract_element(loaded, ir.Constant(i32, k)) for k in range(4)]
+            if signature.args[0].dtype == types.float32:
+                words = [builder.bitcast(w, f32) for w in words]
+            return context.make_tuple(builder, signature.return_type, words)
+
+        return sig, codegen
+
+    return load8_at, load4_at, load4_flat
 
 
 # load8_at(a, (i, j, ..., col)): the 8 elements a[i, j, ..., col:col + 8] as 8 float32.
 # load4_at(a, (i, ..., col)): the 4 elements a[i, ..., col:col + 4] of a 32-bit array, unconverted.
+# load4_flat(a, at): words at .. at + 3 of a C-contiguous 32-bit array counted from its start, as
+# if it were flat: one multiply-add for the address, where an index tuple costs one per dimension.
 if SIMULATOR:
     load8_at = cuda.jit(device=True)(_sim_load8_at)
     load4_at = cuda.jit(device=True)(_sim_load4_at)
+    load4_flat = cuda.jit(device=True)(_sim_load4_flat)
 else:
-    load8_at, load4_at = _gpu_loads()
+    load8_at, load4_at, load4_flat = _gpu_loads()
 
 
 @cuda.jit(device=True, inline=True)

@@ -46,7 +46,7 @@ instead of growing with the length of the sum.
 
 * block tile (``BM x BN``, k in steps of ``BK``): every thread stages a share of the ``BM x BK``
   activations (fp32 from memory, converted to fp16 on the way) and of the ``BN x BK`` weights
-  (fp16 pairs) into shared memory, 16 bytes a load (``loads.load4_at``) — each value loaded
+  (fp16 pairs) into shared memory, 16 bytes a load (``loads.load4_flat``) — each value loaded
   once serves ``BN`` (resp. ``BM``) outputs. Two shared buffers: the loads of step ``k + 1`` are
   issued before the ``mma`` of step ``k`` and land in the other buffer, so memory latency
   overlaps the math;
@@ -96,7 +96,7 @@ import numpy as np
 from numba import float32, int32, uint32
 
 from . import loads
-from .loads import load4_at
+from .loads import load4_flat
 from .reduce import SIMULATOR, THREADS, WARP, block_sum, cuda, grid_for
 from .reduce import THREADS as OP_THREADS  # the prologue's block: the reductions' size
 
@@ -156,6 +156,7 @@ GEOMETRY = tile_geometry(THREADS, 32 if SIMULATOR else 64)
 (THREADS, WARPS, WARPS_M, WARPS_N, BM, BN, BK, KP, STRIDE, A_QUADS, A_ROWS, A_LOADS, B_QUADS,
  B_ROWS, B_LOADS, A_TILE, B_TILE, REGS_SHAPE) = GEOMETRY
 A_VALUES, B_WORDS = QUAD * A_LOADS, QUAD * B_LOADS  # registers a thread stages per k step
+LOADS = A_LOADS + B_LOADS  # 16-byte loads a thread issues per k step
 
 # --- the two instructions: inline PTX on a GPU, Python in the simulator ------------------------
 if SIMULATOR:
@@ -251,61 +252,64 @@ else:
 
 # --- the tile ----------------------------------------------------------------------------------
 @cuda.jit(device=True, inline=True)
-def load_quad(a, row, col, n, wide, dst, at):
-    """dst[at : at + 4] = a[row, col : col + 4] (32-bit numbers), zeros past column ``n`` or for
-    ``row`` < 0 (past the last row). ``wide``: one 16-byte load (``loads.load4_at``); the caller
-    guarantees that then a quad is all inside or all outside."""
-    if row >= 0 and col < n:
-        if wide:
-            q0, q1, q2, q3 = load4_at(a, (row, col))
-            dst[at], dst[at + 1], dst[at + 2], dst[at + 3] = q0, q1, q2, q3
+def load_quad(a, at, row, col, n, wide, dst, j):
+    """dst[4j : 4j + 4] = a[row, col : col + 4] (32-bit numbers), zeros past column ``n``.
+    ``wide`` (a constant of the compiled kernel: every row 16-byte aligned): one 16-byte load
+    of the words from flat offset ``at`` = row * n + col (``loads.load4_flat``), a quad being
+    all inside or all outside; else one number at a time."""
+    if wide:
+        if col < n:
+            dst[4 * j], dst[4 * j + 1], dst[4 * j + 2], dst[4 * j + 3] = load4_flat(a, at)
         else:
-            for u in range(QUAD):
-                if col + u < n:
-                    dst[at + u] = a[row, col + u]
-                else:
-                    dst[at + u] = 0
+            dst[4 * j], dst[4 * j + 1], dst[4 * j + 2], dst[4 * j + 3] = 0, 0, 0, 0
     else:
         for u in range(QUAD):
-            dst[at + u] = 0
+            dst[4 * j + u] = a[row, col + u] if col + u < n else 0
 
 
 @cuda.jit(device=True, inline=True)
-def load_step(x, w2, xrow, o0, kt, wide, xa, wb):
+def load_step(x, w2, rows, at, kt, wide, xa, wb):
     """Global memory -> registers, k step ``kt``: A_LOADS quads of fp32 activations into ``xa``
     (A_VALUES,) and B_LOADS quads of fp16 weight pairs into ``wb`` (B_WORDS,). A_QUADS
     consecutive threads read one activation row, B_QUADS one weight row: coalesced, 16 bytes a
-    thread."""
+    thread. ``rows`` (A_LOADS + B_LOADS,): the x row, then the w row, of each of this thread's
+    loads; ``at``: their flat offsets at k step 0 (``tc_matmul``), so that a step's address is
+    one addition away."""
     tid = cuda.threadIdx.x
-    I = x.shape[1]
     k = kt * BK + QUAD * (tid % A_QUADS)  # this thread's first activation column
     for j in range(A_LOADS):
-        load_quad(x, xrow[j], k, I, wide, xa, QUAD * j)
+        load_quad(x, at[j] + uint32(kt * BK), rows[j], k, x.shape[1], wide, xa, j)
     kw = kt * KP + QUAD * (tid % B_QUADS)  # and its first weight word (pair) column
     for j in range(B_LOADS):
-        o = o0 + tid // B_QUADS + j * B_ROWS
-        load_quad(w2, o if o < w2.shape[0] else -1, kw, w2.shape[1], wide, wb, QUAD * j)
+        load_quad(w2, at[A_LOADS + j] + uint32(kt * KP), rows[A_LOADS + j], kw, w2.shape[1], wide,
+                  wb, j)
 
 
 @cuda.jit(device=True, inline=True)
-def norm_weight(norm_w, k):
-    """The RMSNorm weight of input ``k``; 1 without a norm (an empty ``norm_w``) or past I."""
-    if k < norm_w.shape[0]:
-        return norm_w[k]
-    return float32(1)
+def norm_weights(norm_w, k, wide):
+    """The RMSNorm weights of inputs k .. k + 3; 1 without a norm (an empty ``norm_w``) or past
+    I. ``wide``: k is a multiple of 4 and I of 8, so the four are all inside or all outside."""
+    if norm_w.shape[0] == 0:
+        return float32(1), float32(1), float32(1), float32(1)
+    if wide:
+        if k < norm_w.shape[0]:
+            return load4_flat(norm_w, k)
+        return float32(1), float32(1), float32(1), float32(1)
+    g = cuda.local.array(QUAD, float32)
+    for u in range(QUAD):
+        g[u] = norm_w[k + u] if k + u < norm_w.shape[0] else float32(1)
+    return g[0], g[1], g[2], g[3]
 
 
 @cuda.jit(device=True, inline=True)
-def store_step(xa, wb, norm_w, kt, a_tile, b_tile, buf):
+def store_step(xa, wb, norm_w, kt, wide, a_tile, b_tile, buf):
     """Registers -> shared buffer ``buf``: activations times the norm weight, rounded to fp16
     pairs (2 words a quad); weights as they are (4 words a quad). The shared tiles are flat:
     word (buf, row, col) at ``(buf * rows + row) * STRIDE + col``, indexed by unsigned offsets
     (``mma_step`` says why)."""
     tid = cuda.threadIdx.x
     qa = tid % A_QUADS
-    k = kt * BK + QUAD * qa
-    g0, g1 = norm_weight(norm_w, k), norm_weight(norm_w, k + 1)
-    g2, g3 = norm_weight(norm_w, k + 2), norm_weight(norm_w, k + 3)
+    g0, g1, g2, g3 = norm_weights(norm_w, kt * BK + QUAD * qa, wide)
     a_at = uint32((buf * BM + tid // A_QUADS) * STRIDE + 2 * qa)  # row tid // A_QUADS, word 2 qa
     for j in range(A_LOADS):
         at = a_at + uint32(j * A_ROWS * STRIDE)
@@ -380,49 +384,63 @@ def store_output(out, r, o, y, bias, accumulate):
 
 
 @cuda.jit(device=True, inline=True)
-def add_output(out, r, o, y, shared):
-    """out[r, o] += y; with an atomic add where other blocks add their part of k to the same
-    element (``shared``: the k range is split); nothing past the last column."""
-    if o < out.shape[1]:
-        if shared:
-            cuda.atomic.add(out, (r, o), y)
-        else:
-            out[r, o] += y
-
-
-@cuda.jit(device=True, inline=True)
-def add_tile(out, r0, o0, acc, norm_w, row_scale, shared):
+def add_rows(out, r0, o0, acc, norm_w, row_scale, shared, full):
     """Each lane's accumulators onto ``out``: c0, c1 at row g, columns 2t, 2t+1 of every mma
-    tile, c2, c3 at row g + 8; with a norm each row scaled by its ``row_scale`` (1 / rms)."""
+    tile, c2, c3 at row g + 8; with a norm each row scaled by its ``row_scale`` (1 / rms). With
+    an atomic add where other blocks add their part of k to the same elements (``shared``: the
+    k range is split); nothing past the last row, or column unless the tile is ``full``. The
+    caller passes ``shared`` and ``full`` as constants (``add_tile``): straight-line code for
+    each case, where tests on every element made the epilogue as long as the rest of the kernel.
+    Column indices are unsigned (no check for Python's negative ones: ``mma_step``)."""
     warp, lane = cuda.threadIdx.x // WARP, cuda.threadIdx.x % WARP
     g, t = lane // 4, lane % 4
     m0 = (warp // WARPS_N) * WM
     n0 = (warp % WARPS_N) * WN
-    R = out.shape[0]
+    R, O = out.shape
     for mi in range(MI):
         for half in range(2):  # rows g (c0, c1) and g + 8 (c2, c3)
             r = r0 + m0 + mi * 16 + half * 8 + g
             if r < R:
                 scale = row_scale[r] if norm_w.shape[0] > 0 else float32(1)
+                out_row = out[r]  # (O,)
                 for ni in range(NI):
-                    o = o0 + n0 + ni * 8 + 2 * t
-                    add_output(out, r, o, acc[mi, ni, 2 * half] * scale, shared)
-                    add_output(out, r, o + 1, acc[mi, ni, 2 * half + 1] * scale, shared)
+                    for c in range(2):
+                        o = uint32(o0 + n0 + ni * 8 + 2 * t + c)
+                        y = acc[mi, ni, 2 * half + c] * scale
+                        if full or o < O:
+                            if shared:
+                                cuda.atomic.add(out_row, o, y)
+                            else:
+                                out_row[o] += y
 
 
 @cuda.jit(device=True, inline=True)
-def tc_matmul(x, x_rows, norm_w, w, row_scale, out, steps_per_split, block, n_blocks):
+def add_tile(out, r0, o0, acc, norm_w, row_scale, shared):
+    """``add_rows`` for the tile at (r0, o0), with its two flags made constants."""
+    if o0 + BN <= out.shape[1]:  # every column of the tile exists (all but an odd O's last)
+        if shared:
+            add_rows(out, r0, o0, acc, norm_w, row_scale, True, True)
+        else:
+            add_rows(out, r0, o0, acc, norm_w, row_scale, False, True)
+    elif shared:
+        add_rows(out, r0, o0, acc, norm_w, row_scale, True, False)
+    else:
+        add_rows(out, r0, o0, acc, norm_w, row_scale, False, False)
+
+
+@cuda.jit(device=True, inline=True)
+def tc_matmul(x, x_rows, norm_w, w, row_scale, out, steps_per_split, wide, block, n_blocks):
     """out (R, O) += rms_norm?(x[x_rows]) @ w.T, on tensor cores, work items ``block``,
     ``block + n_blocks``, ... of ``tc_work_items(R, O, I, steps_per_split)``; ``out`` holds what
     ``tc_prologue`` put there (the bias, the residual) and ``row_scale`` (R,) its 1 / rms.
-    x (T, I) f32; x_rows (R,) i32; norm_w (I,) f32 or (0,); w (O, I) f16, I even.
+    x (T, I) f32; x_rows (R,) i32; norm_w (I,) f32 or (0,); w (O, I) f16, I even; ``wide``:
+    I % 8 == 0, every row 16-byte aligned (``tc_matmul_kernel`` makes it a constant).
     A work item is one BM x BN tile of ``out`` over ``steps_per_split`` k steps of BK.
     Every thread of the block must call it."""
     tid = cuda.threadIdx.x
     R = x_rows.shape[0]
     O, I = w.shape
     w2 = fp16_pairs(w)  # (O, I // 2) uint32: word j of row o = w[o, 2j] (low half), w[o, 2j+1]
-    wide = loads.WIDE_LOADS and I % (2 * QUAD) == 0  # every row 16-byte aligned: wide loads
     a_tile = cuda.shared.array(A_TILE, uint32)  # (2 x BM x STRIDE,) fp16 pairs of activations
     b_tile = cuda.shared.array(B_TILE, uint32)  # (2 x BN x STRIDE,) fp16 pairs of weights
     acc = cuda.local.array(ACC_SHAPE, float32)  # (MI, NI, 4) this lane's outputs
@@ -430,7 +448,8 @@ def tc_matmul(x, x_rows, norm_w, w, row_scale, out, steps_per_split, block, n_bl
     bfrag = cuda.local.array(B_FRAG, uint32)  # (NI, 2)
     xa = cuda.local.array(A_VALUES, float32)  # (A_VALUES,) staged activations
     wb = cuda.local.array(B_WORDS, uint32)  # (B_WORDS,) staged weight pairs
-    xrow = cuda.local.array(A_LOADS, int32)  # (A_LOADS,) x row of each staged row, -1 past R
+    rows = cuda.local.array(LOADS, int32)  # (A_LOADS + B_LOADS,) the row of each load
+    at = cuda.local.array(LOADS, uint32)  # (A_LOADS + B_LOADS,) its flat offset at k step 0
     m_tiles = (R + BM - 1) // BM
     tiles = m_tiles * ((O + BN - 1) // BN)
     k_steps = (I + BK - 1) // BK
@@ -441,23 +460,28 @@ def tc_matmul(x, x_rows, norm_w, w, row_scale, out, steps_per_split, block, n_bl
         r0, o0 = (tile % m_tiles) * BM, (tile // m_tiles) * BN
         k_first = split * steps_per_split
         k_end = min(k_steps, k_first + steps_per_split)
+        # A row past R or O reads a real one instead (its outputs are never stored): no test on
+        # the way, and only the column is checked, once a step.
         for j in range(A_LOADS):
-            r = r0 + tid // A_QUADS + j * A_ROWS
-            xrow[j] = x_rows[r] if r < R else -1
+            rows[j] = x_rows[min(r0 + tid // A_QUADS + j * A_ROWS, R - 1)]
+            at[j] = uint32(rows[j] * I + QUAD * (tid % A_QUADS))
+        for j in range(B_LOADS):
+            rows[A_LOADS + j] = min(o0 + tid // B_QUADS + j * B_ROWS, O - 1)
+            at[A_LOADS + j] = uint32(rows[A_LOADS + j] * (I // 2) + QUAD * (tid % B_QUADS))
         for mi in range(MI):
             for ni in range(NI):
                 for q in range(4):
                     acc[mi, ni, q] = 0
-        load_step(x, w2, xrow, o0, k_first, wide, xa, wb)
-        store_step(xa, wb, norm_w, k_first, a_tile, b_tile, 0)
+        load_step(x, w2, rows, at, k_first, wide, xa, wb)
+        store_step(xa, wb, norm_w, k_first, wide, a_tile, b_tile, 0)
         cuda.syncthreads()
         for kt in range(k_first, k_end):
             buf = (kt - k_first) % 2
             if kt + 1 < k_end:  # issue the next step's loads before this step's math
-                load_step(x, w2, xrow, o0, kt + 1, wide, xa, wb)
+                load_step(x, w2, rows, at, kt + 1, wide, xa, wb)
             mma_step(a_tile, b_tile, buf, acc, afrag, bfrag)
             if kt + 1 < k_end:  # the other buffer: nobody reads it during this step
-                store_step(xa, wb, norm_w, kt + 1, a_tile, b_tile, 1 - buf)
+                store_step(xa, wb, norm_w, kt + 1, wide, a_tile, b_tile, 1 - buf)
             cuda.syncthreads()
         add_tile(out, r0, o0, acc, norm_w, row_scale, splits > 1)
 
@@ -491,11 +515,23 @@ def tc_prologue_kernel(x, x_rows, norm_w, eps, bias, out, accumulate, row_scale)
                 cuda.gridDim.x)
 
 
-@cuda.jit
-def tc_matmul_kernel(x, x_rows, norm_w, w, row_scale, out, steps_per_split):
-    """``tc_matmul`` as a kernel: launch ``[grid_for(tc_work_items(R, O, I, steps)), THREADS]``."""
-    tc_matmul(x, x_rows, norm_w, w, row_scale, out, steps_per_split, cuda.blockIdx.x,
-              cuda.gridDim.x)
+def tile_kernel(aligned: bool):
+    """``tc_matmul`` as a kernel, launch ``[grid_for(tc_work_items(R, O, I, steps)), THREADS]``,
+    compiled for one kind of operand: ``aligned`` (I % 8 == 0) takes only 16-byte loads, the
+    other only element-at-a-time ones. Which is a constant of the kernel, not a test at run time:
+    the two paths in one kernel made it twice as long, and a short kernel with a few warps an SM
+    waits on fetching its own instructions. (In the simulator ``loads.WIDE_LOADS`` is read as
+    the kernel runs, so that the tests can turn the wide path on.)"""
+
+    @cuda.jit
+    def kernel(x, x_rows, norm_w, w, row_scale, out, steps_per_split):
+        tc_matmul(x, x_rows, norm_w, w, row_scale, out, steps_per_split,
+                  aligned and loads.WIDE_LOADS, cuda.blockIdx.x, cuda.gridDim.x)
+
+    return kernel
+
+
+tc_matmul_kernel = {aligned: tile_kernel(aligned) for aligned in (True, False)}  # by I % 8 == 0
 
 
 def tc_work_items(R: int, O: int, I: int, steps_per_split: int) -> int:
@@ -535,7 +571,8 @@ def launch_tc_linear(x, x_rows, norm_w, eps, w, bias, out, accumulate, row_scale
         tc_prologue_kernel[grid_for(R), OP_THREADS, stream](x, x_rows, norm_w, eps, bias, out,
                                                         accumulate, row_scale)
     steps = steps_per_split or tc_steps_per_split(R, O, I, num_sms)
-    tc_matmul_kernel[grid_for(tc_work_items(R, O, I, steps)), THREADS, stream](
+    aligned = I % (2 * QUAD) == 0
+    tc_matmul_kernel[aligned][grid_for(tc_work_items(R, O, I, steps)), THREADS, stream](
         x, x_rows, norm_w, w, row_scale, out, steps)
 
 
