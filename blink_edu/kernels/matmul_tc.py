@@ -130,6 +130,7 @@ class TileGeometry(NamedTuple):
     A_TILE: int  # 2 buffers x BM rows x STRIDE words of fp16 pairs (uint32), flat
     B_TILE: int  # 2 buffers x BN rows x STRIDE words, flat
     REGS_SHAPE: tuple  # simulator: (warps, lanes, 6): every lane's a0..a3, b0, b1
+    ROWS_SHAPE: tuple  # simulator: (warps, lanes): every lane's row offset for ldmatrix
 
 
 def tile_geometry(threads: int, bk: int) -> TileGeometry:
@@ -145,7 +146,7 @@ def tile_geometry(threads: int, bk: int) -> TileGeometry:
     assert threads % a_quads == 0 and bm % a_rows == 0 and bn % b_rows == 0 and kp in (16, 32)
     return TileGeometry(threads, warps, warps_m, warps // warps_m, bm, bn, bk, kp, stride,
                         a_quads, a_rows, bm // a_rows, b_quads, b_rows, bn // b_rows,
-                        2 * bm * stride, 2 * bn * stride, (warps, WARP, 6))
+                        2 * bm * stride, 2 * bn * stride, (warps, WARP, 6), (warps, WARP))
 
 
 # k per shared-memory step: 64 on a GPU (a thread then has 8 + 4 sixteen-byte loads in flight a
@@ -154,7 +155,7 @@ def tile_geometry(threads: int, bk: int) -> TileGeometry:
 GEOMETRY = tile_geometry(THREADS, 32 if SIMULATOR else 64)
 # Numba reads module globals as compile-time constants (and global tuples as array shapes).
 (THREADS, WARPS, WARPS_M, WARPS_N, BM, BN, BK, KP, STRIDE, A_QUADS, A_ROWS, A_LOADS, B_QUADS,
- B_ROWS, B_LOADS, A_TILE, B_TILE, REGS_SHAPE) = GEOMETRY
+ B_ROWS, B_LOADS, A_TILE, B_TILE, REGS_SHAPE, ROWS_SHAPE) = GEOMETRY
 A_VALUES, B_WORDS = QUAD * A_LOADS, QUAD * B_LOADS  # registers a thread stages per k step
 LOADS = A_LOADS + B_LOADS  # 16-byte loads a thread issues per k step
 
@@ -199,6 +200,20 @@ if SIMULATOR:
             raise TypeError(f"tc_matmul takes (O, I) float16 weights, got {w.ndim}-d {w.dtype}")
         return w.view(np.uint32)
 
+    @cuda.jit(device=True)
+    def ldmatrix_x4(tile, at):
+        """Simulator form of ``ldmatrix.x4``: every lane puts the offset of its row in shared
+        memory, then takes word t of row g of each of the four 8 x 8 matrices (see the GPU form)."""
+        warp, lane = cuda.threadIdx.x // WARP, cuda.threadIdx.x % WARP
+        rows = cuda.shared.array(ROWS_SHAPE, uint32)  # (WARPS, 32 lanes) each lane's row offset
+        rows[warp, lane] = at
+        cuda.syncthreads()
+        g, t = lane // 4, lane % 4
+        words = (tile[rows[warp, g] + t], tile[rows[warp, 8 + g] + t],
+                 tile[rows[warp, 16 + g] + t], tile[rows[warp, 24 + g] + t])
+        cuda.syncthreads()  # every lane has read the offsets: the next call may overwrite them
+        return words
+
 else:
     from llvmlite import ir
     from numba import types
@@ -232,6 +247,32 @@ else:
             d = builder.call(asm, args)
             return context.make_tuple(builder, signature.return_type,
                                       [builder.extract_value(d, i) for i in range(4)])
+
+        return sig, codegen
+
+    @intrinsic
+    def ldmatrix_x4(typingctx, tile, at):
+        """Four 8 x 8 matrices of fp16 from shared memory into the warp's fragments, in one
+        instruction: ``ldmatrix.sync.aligned.m8n8.x4.shared.b16``. Lane l gives the word offset
+        ``at`` in ``tile`` (a 1-d uint32 shared array) of row l % 8 of matrix l // 8 (8 fp16 =
+        16 bytes, 16-byte aligned); lane (g, t) gets back, from each matrix, word t of its row g
+        — exactly an ``mma`` operand's fragment (module docstring). One instruction where
+        loading each word of the fragments took four."""
+        sig = types.UniTuple(types.uint32, 4)(tile, at)
+
+        def codegen(context, builder, signature, args):
+            i32 = ir.IntType(32)
+            ary = context.make_array(signature.args[0])(context, builder, args[0])
+            offset = context.cast(builder, args[1], signature.args[1], types.intp)
+            word = builder.gep(builder.bitcast(ary.data, i32.as_pointer()), [offset])
+            shared = builder.addrspacecast(word, ir.PointerType(i32, 3))  # generic -> .shared
+            fnty = ir.FunctionType(ir.LiteralStructType([i32] * 4), [i32])
+            asm = ir.InlineAsm(fnty, "ldmatrix.sync.aligned.m8n8.x4.shared.b16 "
+                               "{$0,$1,$2,$3}, [$4];", "=r,=r,=r,=r,r,~{memory}",
+                               side_effect=True)
+            d = builder.call(asm, [builder.ptrtoint(shared, i32)])
+            return context.make_tuple(builder, signature.return_type,
+                                      [builder.extract_value(d, k) for k in range(4)])
 
         return sig, codegen
 
@@ -325,27 +366,32 @@ def store_step(xa, wb, norm_w, kt, wide, a_tile, b_tile, buf):
 @cuda.jit(device=True, inline=True)
 def mma_k16(a_tile, b_tile, a_at, b_at, acc, afrag, bfrag):
     """One 16-wide k slice of the warp tile: the A fragments of its MI row tiles and the B
-    fragments of its NI column tiles from shared memory (layout in the module docstring; ``a_at``
-    and ``b_at``: lane (g, t)'s word of row g of the first row / column tile), then MI x NI mma
-    into the accumulators ``acc`` (MI, NI, 4)."""
+    fragments of its NI column tiles from shared memory, one ``ldmatrix_x4`` for each row tile
+    (a0..a3) and each pair of column tiles (b0, b1 of both), then MI x NI mma into the
+    accumulators ``acc`` (MI, NI, 4). ``a_at``, ``b_at``: this lane's row of the first row tile
+    and column-tile pair (``mma_step``)."""
     for mi in range(MI):
-        at = a_at + uint32(mi * 16 * STRIDE)  # rows g and g + 8 of row tile mi, pairs t and t + 4
-        afrag[mi, 0], afrag[mi, 1] = a_tile[at], a_tile[at + uint32(8 * STRIDE)]
-        afrag[mi, 2], afrag[mi, 3] = a_tile[at + uint32(4)], a_tile[at + uint32(8 * STRIDE + 4)]
-    for ni in range(NI):
-        at = b_at + uint32(ni * 8 * STRIDE)  # column g of column tile ni, pairs t and t + 4
-        bfrag[ni, 0], bfrag[ni, 1] = b_tile[at], b_tile[at + uint32(4)]
+        afrag[mi, 0], afrag[mi, 1], afrag[mi, 2], afrag[mi, 3] = ldmatrix_x4(
+            a_tile, a_at + uint32(mi * 16 * STRIDE))
+    for pair in range(NI // 2):
+        bfrag[2 * pair, 0], bfrag[2 * pair, 1], bfrag[2 * pair + 1, 0], bfrag[2 * pair + 1, 1] = (
+            ldmatrix_x4(b_tile, b_at + uint32(pair * 16 * STRIDE)))
     for mi in range(MI):
-            for ni in range(NI):
-                d = mma_m16n8k16(afrag[mi, 0], afrag[mi, 1], afrag[mi, 2], afrag[mi, 3],
-                                 bfrag[ni, 0], bfrag[ni, 1],
-                                 acc[mi, ni, 0], acc[mi, ni, 1], acc[mi, ni, 2], acc[mi, ni, 3])
-                acc[mi, ni, 0], acc[mi, ni, 1], acc[mi, ni, 2], acc[mi, ni, 3] = d
+        for ni in range(NI):
+            d = mma_m16n8k16(afrag[mi, 0], afrag[mi, 1], afrag[mi, 2], afrag[mi, 3],
+                             bfrag[ni, 0], bfrag[ni, 1],
+                             acc[mi, ni, 0], acc[mi, ni, 1], acc[mi, ni, 2], acc[mi, ni, 3])
+            acc[mi, ni, 0], acc[mi, ni, 1], acc[mi, ni, 2], acc[mi, ni, 3] = d
 
 
 @cuda.jit(device=True, inline=True)
 def mma_step(a_tile, b_tile, buf, acc, afrag, bfrag):
     """The warp's share of one k step: ``mma_k16`` for each 16-wide k slice of the buffer.
+
+    ``ldmatrix_x4`` takes, from lane l, the row of matrix i = l // 8 it reads, r = l % 8. For a
+    row tile the four matrices are a0 (rows 0-7, k 0-7), a1 (rows 8-15), a2 (rows 0-7, k 8-15)
+    and a3; for a pair of column tiles b0, b1 of the first (rows = outputs 0-7, k 0-7 then
+    8-15) and b0, b1 of the second (outputs 8-15).
 
     Every shared-memory word is found from one offset computed here plus constants, and the
     offsets are unsigned: a signed index makes Numba check it for a negative value (Python's
@@ -354,11 +400,11 @@ def mma_step(a_tile, b_tile, buf, acc, afrag, bfrag):
     ~50 integer instructions for each 8 ``HMMA``). The slices are written out, with constant
     offsets, rather than left to a loop that LLVM did not unroll."""
     warp, lane = cuda.threadIdx.x // WARP, cuda.threadIdx.x % WARP
-    g, t = lane // 4, lane % 4
+    i, r = lane // 8, lane % 8  # the matrix this lane addresses for ldmatrix, and its row
     m0 = (warp // WARPS_N) * WM  # the warp tile's first row and column in the block tile
     n0 = (warp % WARPS_N) * WN
-    a_at = uint32((buf * BM + m0 + g) * STRIDE + t)
-    b_at = uint32((buf * BN + n0 + g) * STRIDE + t)
+    a_at = uint32((buf * BM + m0 + (i % 2) * 8 + r) * STRIDE + (i // 2) * 4)
+    b_at = uint32((buf * BN + n0 + (i // 2) * 8 + r) * STRIDE + (i % 2) * 4)
     mma_k16(a_tile, b_tile, a_at, b_at, acc, afrag, bfrag)  # pairs 0..7 = k 0..15
     mma_k16(a_tile, b_tile, a_at + uint32(8), b_at + uint32(8), acc, afrag, bfrag)
     if KP > 16:  # (a constant: 2 slices in the simulator's k step of 32, 4 on a GPU's 64)
