@@ -55,13 +55,14 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 from numba import float32, int32, uint32
 
 from . import loads
 from .elementwise import silu_times
-from .loads import VEC, load8_at
+from .loads import VEC, load4_flat, load8_at
 from .matmul_tc import mma_m16n8k16, pack_half2, plus_bias, store_output
-from .reduce import THREADS, WARP, cuda
+from .reduce import SIMULATOR, THREADS, WARP, cuda
 from .rope import pair_target, place_pair
 
 MT = 1  # m16 tiles a row group (a work item's rows): 16 tokens
@@ -96,10 +97,10 @@ def at_or_zero(a, row, col):
 
 @cuda.jit(device=True, inline=True)
 def load8_or_zeros(a, row, col, wide):
-    """a[row, col:col + 8] as eight float32, zeros past a's last column or for ``row`` < 0.
-    ``wide``: one or two 16-byte loads (``loads.load8_at``); the caller guarantees that the eight
-    are then all inside or all outside."""
-    if row >= 0 and col < a.shape[1]:
+    """a[row, col:col + 8] as eight float32, zeros past a's last column. ``wide``: one or two
+    16-byte loads (``loads.load8_at``); the caller guarantees that the eight are then all inside
+    or all outside."""
+    if col < a.shape[1]:
         if wide:
             return load8_at(a, (row, col))
         return (at_or_zero(a, row, col), at_or_zero(a, row, col + 1),
@@ -111,13 +112,58 @@ def load8_or_zeros(a, row, col, wide):
 
 
 @cuda.jit(device=True, inline=True)
+def packed_words(w, row, col, wide):
+    """W[row, col : col + 8] as four fp16 pairs, converted from whatever w holds (float32
+    weights are rounded here; fp16 ones of an odd width cannot be read as pairs)."""
+    v = load8_or_zeros(w, row, col, wide)
+    return (pack_half2(v[0], v[1]), pack_half2(v[2], v[3]), pack_half2(v[4], v[5]),
+            pack_half2(v[6], v[7]))
+
+
+@cuda.jit(device=True, inline=True)
+def fp16_words(w, row, col, wide):
+    """W[row, col : col + 8] of fp16 weights as the four 32-bit words they are in memory: one
+    16-byte load and nothing to convert (``wide``: I % 8 == 0, so a row's pairs start on a
+    16-byte boundary); zeros past the last column."""
+    if wide:
+        if col < w.shape[1]:
+            return load4_flat(w.view(np.uint32), (row * w.shape[1] + col) // 2)
+        return uint32(0), uint32(0), uint32(0), uint32(0)
+    return packed_words(w, row, col, wide)
+
+
+if SIMULATOR:
+
+    @cuda.jit(device=True)
+    def weight_words(w, row, col, wide):
+        """W[row, col : col + 8] as four fp16 pairs (see the GPU form)."""
+        if w.dtype == np.float16:
+            return fp16_words(w, row, col, wide)
+        return packed_words(w, row, col, wide)
+
+else:
+    from numba import types
+    from numba.cuda.extending import overload
+
+    def weight_words(w, row, col, wide):
+        """W[row, col : col + 8] as four fp16 pairs: for fp16 weights the words in memory
+        (``fp16_words``), for float32 ones rounded as they are loaded (``packed_words``). Chosen
+        when the kernel compiles, by the weights' type: a persistent kernel built for a float32
+        model compiles this path though it never takes it."""
+
+    @overload(weight_words, target="cuda")
+    def _weight_words(w, row, col, wide):
+        if isinstance(w, types.Array) and w.dtype == types.float16:
+            return lambda w, row, col, wide: fp16_words(w, row, col, wide)
+        return lambda w, row, col, wide: packed_words(w, row, col, wide)
+
+
+@cuda.jit(device=True, inline=True)
 def load_b_words(w, rows, k, wide, b):
     """b (NJ, 4) = this lane's weights W[rows[j], k : k + 8] of each column group j, as four fp16
-    pairs (p0..p3 of the module docstring); zeros for a row of -1."""
+    pairs (p0..p3 of the module docstring)."""
     for j in range(NJ):
-        v = load8_or_zeros(w, rows[j], k, wide)
-        b[j, 0], b[j, 1] = pack_half2(v[0], v[1]), pack_half2(v[2], v[3])
-        b[j, 2], b[j, 3] = pack_half2(v[4], v[5]), pack_half2(v[6], v[7])
+        b[j, 0], b[j, 1], b[j, 2], b[j, 3] = weight_words(w, rows[j], k, wide)
 
 
 @cuda.jit(device=True, inline=True)
@@ -133,12 +179,18 @@ def load_x(x, xrow, k, wide, active, xv):
 
 
 @cuda.jit(device=True, inline=True)
-def pack_a_words(xv, norm_w, k, active, a, sq, gvals):
+def pack_a_words(xv, norm_w, k, wide, active, a, sq, gvals):
     """a (MT, 2, 4) = the activations xv times the norm weight, as fp16 pairs (p0..p3 of the
     module docstring); their squares added to sq (MT, 2)."""
-    use_norm = norm_w.shape[0] > 0
-    for u in range(VEC):
-        gvals[u] = norm_w[k + u] if use_norm and k + u < norm_w.shape[0] else float32(1)
+    if norm_w.shape[0] == 0 or k >= norm_w.shape[0]:  # no norm, or past I: times 1
+        for u in range(VEC):
+            gvals[u] = float32(1)
+    elif wide:
+        (gvals[0], gvals[1], gvals[2], gvals[3], gvals[4], gvals[5], gvals[6],
+         gvals[7]) = load8_at(norm_w, (k,))
+    else:
+        for u in range(VEC):
+            gvals[u] = norm_w[k + u] if k + u < norm_w.shape[0] else float32(1)
     for mi in range(MT):
         if mi < active:
             for h in range(2):
@@ -177,11 +229,12 @@ def tiles_in(R, r0):
 
 
 @cuda.jit(device=True, inline=True)
-def row_group_sums(x, x_rows, r0, norm_w, w, row_a, count_a, row_b, count_b, acc, sq):
+def row_group_sums(x, x_rows, r0, norm_w, w, row_a, row_b, acc, sq):
     """This warp's share of the products of rows r0 .. r0 + ROWS of rms_norm?(x[x_rows]) with
-    weight rows ``row_a + n`` (n < count_a) and ``row_b + n`` (n < count_b), n < 8: its k chunks
-    (w, w + WARPS, ...) into acc (MT, NJ, 4), and the squares of the activations it loaded into
-    sq (MT, 2). ``share_tile`` then adds the warps' parts up."""
+    weight rows ``row_a + n`` and ``row_b + n``, n < 8: its k chunks (w, w + WARPS, ...) into acc
+    (MT, NJ, 4), and the squares of the activations it loaded into sq (MT, 2). ``share_tile``
+    then adds the warps' parts up. A row past R, or past a group's last column, reads a real one
+    instead of being tested at every load: its outputs are never stored."""
     tid = cuda.threadIdx.x
     warp, lane = tid // WARP, tid % WARP
     g, t = lane // 4, lane % 4
@@ -193,19 +246,19 @@ def row_group_sums(x, x_rows, r0, norm_w, w, row_a, count_a, row_b, count_b, acc
     b_next = cuda.local.array(B_SHAPE, uint32)  # (NJ, 4) and the next chunk's, already loading
     xv = cuda.local.array(X_SHAPE, float32)  # (MT, 2, 8) this chunk's activations
     xv_next = cuda.local.array(X_SHAPE, float32)  # (MT, 2, 8) and the next chunk's
-    xrow = cuda.local.array(SQ_SHAPE, int32)  # (MT, 2) x row of rows g, g + 8; -1 past R
+    xrow = cuda.local.array(SQ_SHAPE, int32)  # (MT, 2) x row of rows g, g + 8
     wrows = cuda.local.array(NJ, int32)  # (NJ,) this lane's weight row in each group
     gvals = cuda.local.array(VEC, float32)
     for mi in range(MT):
         for h in range(2):
             r = r0 + mi * 16 + h * 8 + g
-            xrow[mi, h] = x_rows[r] if r < R else -1
+            xrow[mi, h] = x_rows[min(r, R - 1)]  # past R: a real row (its outputs are not stored)
             sq[mi, h] = 0
         for j in range(NJ):
             for q in range(4):
                 acc[mi, j, q] = 0
-    wrows[0] = row_a + g if g < count_a else -1
-    wrows[1] = row_b + g if g < count_b else -1
+    wrows[0] = min(row_a + g, w.shape[0] - 1)  # past the group's columns: a real row, whose
+    wrows[1] = min(row_b + g, w.shape[0] - 1)  # outputs are never stored
     n_chunks = (I + CHUNK - 1) // CHUNK
     if warp < n_chunks:
         load_b_words(w, wrows, warp * CHUNK + VEC * t, wide, b_next)
@@ -222,7 +275,7 @@ def row_group_sums(x, x_rows, r0, norm_w, w, row_a, count_a, row_b, count_b, acc
         if c + WARPS < n_chunks:  # the next chunk's operands load while this one computes
             load_b_words(w, wrows, k + WARPS * CHUNK, wide, b_next)
             load_x(x, xrow, k + WARPS * CHUNK, wide, active, xv_next)
-        pack_a_words(xv, norm_w, k, active, a, sq, gvals)
+        pack_a_words(xv, norm_w, k, wide, active, a, sq, gvals)
         mma_chunk(a, b, acc, active)
 
 
@@ -274,7 +327,7 @@ def tc_decode_linear(x, x_rows, norm_w, eps, w, bias, out, accumulate, block, n_
     groups = row_groups(R)
     for item in range(block, items_over(O, NJ) * groups, n_blocks):
         o0, r0 = (item // groups) * NJ * GROUP, (item % groups) * ROWS
-        row_group_sums(x, x_rows, r0, norm_w, w, o0, O - o0, o0 + GROUP, O - o0 - GROUP, acc, sq)
+        row_group_sums(x, x_rows, r0, norm_w, w, o0, o0 + GROUP, acc, sq)
         for mi in range(tiles_in(R, r0)):
             share_tile(acc, sq, mi, red)
             for e in range(tid, 16 * GROUP, THREADS):
@@ -298,7 +351,7 @@ def tc_decode_swiglu(x, x_rows, norm_w, eps, w, bias, act, block, n_blocks):
     groups = row_groups(R)
     for item in range(block, items_over(F, 1) * groups, n_blocks):
         j0, r0 = (item // groups) * GROUP, (item % groups) * ROWS
-        row_group_sums(x, x_rows, r0, norm_w, w, j0, F - j0, F + j0, F - j0, acc, sq)
+        row_group_sums(x, x_rows, r0, norm_w, w, j0, F + j0, acc, sq)
         for mi in range(tiles_in(R, r0)):
             share_tile(acc, sq, mi, red)
             for e in range(tid, 16 * GROUP, THREADS):
@@ -327,7 +380,7 @@ def tc_decode_qkv_rope(x, x_rows, norm_w, eps, w, bias, qkv, positions, seq_rows
         column_item, r0 = item // groups, (item % groups) * ROWS
         head, i0 = column_item // per_head, (column_item % per_head) * GROUP
         o0 = head * E + i0
-        row_group_sums(x, x_rows, r0, norm_w, w, o0, half - i0, o0 + half, half - i0, acc, sq)
+        row_group_sums(x, x_rows, r0, norm_w, w, o0, o0 + half, acc, sq)
         for mi in range(tiles_in(R, r0)):
             share_tile(acc, sq, mi, red)
             for e in range(tid, 16 * GROUP, THREADS):
