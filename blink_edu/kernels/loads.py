@@ -184,3 +184,25 @@ def load8(a, row, col):
 def load8_1d(a, col):
     """a[col:col + 8] of a vector as 8 float32."""
     return load8_at(a, (col,))
+
+
+class ByAlignment:
+    """One kernel compiled twice and launched as one: for operands whose rows start 16-byte
+    aligned (in_features a multiple of VEC) with the wide-load path only, and for the rest with
+    the element-at-a-time one; ``kernel[grid, block, stream](*args)`` picks the build from the
+    arguments (``width_of(*args)``: their in_features). A run-time ``wide`` would keep both paths
+    in one kernel: twice the code, more registers, and a short kernel with a few warps an SM
+    waits on fetching its own instructions (docs/design.md §5). ``build(aligned)`` returns the
+    kernel for one case; it passes ``aligned and loads.WIDE_LOADS`` on, a constant on a GPU and
+    read as the kernel runs in the simulator (where the tests turn the wide paths on)."""
+
+    def __init__(self, build, width_of):
+        self.builds = {aligned: build(aligned) for aligned in (True, False)}
+        self.width_of = width_of
+
+    def __getitem__(self, config):
+        def launch(*args):
+            self.builds[self.width_of(*args) % VEC == 0][config](*args)
+
+        return launch
+

@@ -96,7 +96,7 @@ import numpy as np
 from numba import float32, int32, uint32
 
 from . import loads
-from .loads import load4_flat
+from .loads import ByAlignment, load4_flat
 from .reduce import SIMULATOR, THREADS, WARP, block_sum, cuda, grid_for
 from .reduce import THREADS as OP_THREADS  # the prologue's block: the reductions' size
 
@@ -480,7 +480,7 @@ def tc_matmul(x, x_rows, norm_w, w, row_scale, out, steps_per_split, wide, block
     ``block + n_blocks``, ... of ``tc_work_items(R, O, I, steps_per_split)``; ``out`` holds what
     ``tc_prologue`` put there (the bias, the residual) and ``row_scale`` (R,) its 1 / rms.
     x (T, I) f32; x_rows (R,) i32; norm_w (I,) f32 or (0,); w (O, I) f16, I even; ``wide``:
-    I % 8 == 0, every row 16-byte aligned (``tc_matmul_kernel`` makes it a constant).
+    I % 8 == 0, every row 16-byte aligned (a constant of each build of ``tc_matmul_kernel``).
     A work item is one BM x BN tile of ``out`` over ``steps_per_split`` k steps of BK.
     Every thread of the block must call it."""
     tid = cuda.threadIdx.x
@@ -562,12 +562,7 @@ def tc_prologue_kernel(x, x_rows, norm_w, eps, bias, out, accumulate, row_scale)
 
 
 def tile_kernel(aligned: bool):
-    """``tc_matmul`` as a kernel, launch ``[grid_for(tc_work_items(R, O, I, steps)), THREADS]``,
-    compiled for one kind of operand: ``aligned`` (I % 8 == 0) takes only 16-byte loads, the
-    other only element-at-a-time ones. Which is a constant of the kernel, not a test at run time:
-    the two paths in one kernel made it twice as long, and a short kernel with a few warps an SM
-    waits on fetching its own instructions. (In the simulator ``loads.WIDE_LOADS`` is read as
-    the kernel runs, so that the tests can turn the wide path on.)"""
+    """``tc_matmul`` as a kernel for ``aligned`` operands or not (``loads.ByAlignment``)."""
 
     @cuda.jit
     def kernel(x, x_rows, norm_w, w, row_scale, out, steps_per_split):
@@ -577,7 +572,9 @@ def tile_kernel(aligned: bool):
     return kernel
 
 
-tc_matmul_kernel = {aligned: tile_kernel(aligned) for aligned in (True, False)}  # by I % 8 == 0
+# Launch ``[grid_for(tc_work_items(R, O, I, steps)), THREADS]``; one build for I % 8 == 0, one for
+# the rest, picked from w's in_features.
+tc_matmul_kernel = ByAlignment(tile_kernel, lambda x, x_rows, norm_w, w, *rest: w.shape[1])
 
 
 def tc_work_items(R: int, O: int, I: int, steps_per_split: int) -> int:
@@ -617,8 +614,7 @@ def launch_tc_linear(x, x_rows, norm_w, eps, w, bias, out, accumulate, row_scale
         tc_prologue_kernel[grid_for(R), OP_THREADS, stream](x, x_rows, norm_w, eps, bias, out,
                                                         accumulate, row_scale)
     steps = steps_per_split or tc_steps_per_split(R, O, I, num_sms)
-    aligned = I % (2 * QUAD) == 0
-    tc_matmul_kernel[aligned][grid_for(tc_work_items(R, O, I, steps)), THREADS, stream](
+    tc_matmul_kernel[grid_for(tc_work_items(R, O, I, steps)), THREADS, stream](
         x, x_rows, norm_w, w, row_scale, out, steps)
 
 

@@ -60,7 +60,7 @@ from numba import float32, int32, uint32
 
 from . import loads
 from .elementwise import silu_times
-from .loads import VEC, load4_flat, load8_at
+from .loads import VEC, ByAlignment, load4_flat, load8_at
 from .matmul_tc import mma_m16n8k16, pack_half2, plus_bias, store_output
 from .reduce import SIMULATOR, THREADS, WARP, cuda
 from .rope import pair_target, place_pair
@@ -229,7 +229,7 @@ def tiles_in(R, r0):
 
 
 @cuda.jit(device=True, inline=True)
-def row_group_sums(x, x_rows, r0, norm_w, w, row_a, row_b, acc, sq):
+def row_group_sums(x, x_rows, r0, norm_w, w, row_a, row_b, wide, acc, sq):
     """This warp's share of the products of rows r0 .. r0 + ROWS of rms_norm?(x[x_rows]) with
     weight rows ``row_a + n`` and ``row_b + n``, n < 8: its k chunks (w, w + WARPS, ...) into acc
     (MT, NJ, 4), and the squares of the activations it loaded into sq (MT, 2). ``share_tile``
@@ -239,7 +239,6 @@ def row_group_sums(x, x_rows, r0, norm_w, w, row_a, row_b, acc, sq):
     warp, lane = tid // WARP, tid % WARP
     g, t = lane // 4, lane % 4
     R, I = x_rows.shape[0], x.shape[1]
-    wide = loads.WIDE_LOADS and I % VEC == 0
     active = tiles_in(R, r0)
     a = cuda.local.array(A_SHAPE, uint32)  # (MT, 2, 4)
     b = cuda.local.array(B_SHAPE, uint32)  # (NJ, 4) this chunk's weights
@@ -316,7 +315,7 @@ def pair_result(red, e, norm_w, eps, I):
 
 
 @cuda.jit(device=True)
-def tc_decode_linear(x, x_rows, norm_w, eps, w, bias, out, accumulate, block, n_blocks):
+def tc_decode_linear(x, x_rows, norm_w, eps, w, bias, out, accumulate, wide, block, n_blocks):
     """out (R, O) (+)= rms_norm?(x[x_rows]) @ w.T + bias: the ``linear`` contract. A work item is
     columns o0 .. o0 + 16 (two groups of 8). Every thread of the block must call it."""
     tid = cuda.threadIdx.x
@@ -327,7 +326,7 @@ def tc_decode_linear(x, x_rows, norm_w, eps, w, bias, out, accumulate, block, n_
     groups = row_groups(R)
     for item in range(block, items_over(O, NJ) * groups, n_blocks):
         o0, r0 = (item // groups) * NJ * GROUP, (item % groups) * ROWS
-        row_group_sums(x, x_rows, r0, norm_w, w, o0, o0 + GROUP, acc, sq)
+        row_group_sums(x, x_rows, r0, norm_w, w, o0, o0 + GROUP, wide, acc, sq)
         for mi in range(tiles_in(R, r0)):
             share_tile(acc, sq, mi, red)
             for e in range(tid, 16 * GROUP, THREADS):
@@ -340,7 +339,7 @@ def tc_decode_linear(x, x_rows, norm_w, eps, w, bias, out, accumulate, block, n_
 
 
 @cuda.jit(device=True)
-def tc_decode_swiglu(x, x_rows, norm_w, eps, w, bias, act, block, n_blocks):
+def tc_decode_swiglu(x, x_rows, norm_w, eps, w, bias, act, wide, block, n_blocks):
     """act (R, F) = silu(g) * u with [g | u] = rms_norm?(x[x_rows]) @ w.T + bias, w (2F, I) =
     [W_gate; W_up]: gate/up with SwiGLU in the epilogue (gate columns j0.., up columns F + j0..)."""
     tid = cuda.threadIdx.x
@@ -351,7 +350,7 @@ def tc_decode_swiglu(x, x_rows, norm_w, eps, w, bias, act, block, n_blocks):
     groups = row_groups(R)
     for item in range(block, items_over(F, 1) * groups, n_blocks):
         j0, r0 = (item // groups) * GROUP, (item % groups) * ROWS
-        row_group_sums(x, x_rows, r0, norm_w, w, j0, F + j0, acc, sq)
+        row_group_sums(x, x_rows, r0, norm_w, w, j0, F + j0, wide, acc, sq)
         for mi in range(tiles_in(R, r0)):
             share_tile(acc, sq, mi, red)
             for e in range(tid, 16 * GROUP, THREADS):
@@ -364,7 +363,7 @@ def tc_decode_swiglu(x, x_rows, norm_w, eps, w, bias, act, block, n_blocks):
 
 @cuda.jit(device=True)
 def tc_decode_qkv_rope(x, x_rows, norm_w, eps, w, bias, qkv, positions, seq_rows, block_tables,
-                       cos, sin, kv_pool, layer, num_heads, num_kv_heads, block, n_blocks):
+                       cos, sin, kv_pool, layer, num_heads, num_kv_heads, wide, block, n_blocks):
     """The qkv projection with RoPE and the KV write in its epilogue (``linear.gemv_qkv_rope``'s
     contract): a work item is columns i0.. and E/2 + i0.. of one head, rotation pairs."""
     tid = cuda.threadIdx.x
@@ -380,7 +379,7 @@ def tc_decode_qkv_rope(x, x_rows, norm_w, eps, w, bias, qkv, positions, seq_rows
         column_item, r0 = item // groups, (item % groups) * ROWS
         head, i0 = column_item // per_head, (column_item % per_head) * GROUP
         o0 = head * E + i0
-        row_group_sums(x, x_rows, r0, norm_w, w, o0, o0 + half, acc, sq)
+        row_group_sums(x, x_rows, r0, norm_w, w, o0, o0 + half, wide, acc, sq)
         for mi in range(tiles_in(R, r0)):
             share_tile(acc, sq, mi, red)
             for e in range(tid, 16 * GROUP, THREADS):
@@ -409,20 +408,38 @@ def tc_decode_items(kind: str, num_rows: int, out_features: int, half_head: int 
     return columns * row_group_count(num_rows)
 
 
-@cuda.jit
-def tc_decode_linear_kernel(x, x_rows, norm_w, eps, w, bias, out, accumulate):
-    tc_decode_linear(x, x_rows, norm_w, eps, w, bias, out, accumulate, cuda.blockIdx.x,
-                     cuda.gridDim.x)
+def _linear_kernel(aligned):
+    @cuda.jit
+    def kernel(x, x_rows, norm_w, eps, w, bias, out, accumulate):
+        tc_decode_linear(x, x_rows, norm_w, eps, w, bias, out, accumulate,
+                         aligned and loads.WIDE_LOADS, cuda.blockIdx.x, cuda.gridDim.x)
+
+    return kernel
 
 
-@cuda.jit
-def tc_decode_swiglu_kernel(x, x_rows, norm_w, eps, w, bias, act):
-    tc_decode_swiglu(x, x_rows, norm_w, eps, w, bias, act, cuda.blockIdx.x, cuda.gridDim.x)
+def _swiglu_kernel(aligned):
+    @cuda.jit
+    def kernel(x, x_rows, norm_w, eps, w, bias, act):
+        tc_decode_swiglu(x, x_rows, norm_w, eps, w, bias, act, aligned and loads.WIDE_LOADS,
+                         cuda.blockIdx.x, cuda.gridDim.x)
+
+    return kernel
 
 
-@cuda.jit
-def tc_decode_qkv_rope_kernel(x, x_rows, norm_w, eps, w, bias, qkv, positions, seq_rows,
-                              block_tables, cos, sin, kv_pool, layer, num_heads, num_kv_heads):
-    tc_decode_qkv_rope(x, x_rows, norm_w, eps, w, bias, qkv, positions, seq_rows, block_tables,
-                       cos, sin, kv_pool, layer, num_heads, num_kv_heads, cuda.blockIdx.x,
-                       cuda.gridDim.x)
+def _qkv_rope_kernel(aligned):
+    @cuda.jit
+    def kernel(x, x_rows, norm_w, eps, w, bias, qkv, positions, seq_rows, block_tables, cos, sin,
+               kv_pool, layer, num_heads, num_kv_heads):
+        tc_decode_qkv_rope(x, x_rows, norm_w, eps, w, bias, qkv, positions, seq_rows,
+                           block_tables, cos, sin, kv_pool, layer, num_heads, num_kv_heads,
+                           aligned and loads.WIDE_LOADS, cuda.blockIdx.x, cuda.gridDim.x)
+
+    return kernel
+
+
+# The three as kernels, launched ``[grid_for(tc_decode_items(...)), THREADS]``: each built for
+# I % 8 == 0 and for the rest (``loads.ByAlignment``), picked from w's in_features.
+in_features = lambda x, x_rows, norm_w, eps, w, *rest: w.shape[1]  # noqa: E731
+tc_decode_linear_kernel = ByAlignment(_linear_kernel, in_features)
+tc_decode_swiglu_kernel = ByAlignment(_swiglu_kernel, in_features)
+tc_decode_qkv_rope_kernel = ByAlignment(_qkv_rope_kernel, in_features)

@@ -161,7 +161,7 @@ def test_float32_weights_are_refused_by_the_kernel(rng):
     w = rng.standard_normal((8, 16)).astype(np.float32)
     empty = np.zeros(0, np.float32)
     with pytest.raises(Exception, match="float16 weights"):
-        tc_matmul_kernel[True][1, THREADS](dev(x), dev(np.arange(2, dtype=np.int32)), dev(empty),
+        tc_matmul_kernel[1, THREADS](dev(x), dev(np.arange(2, dtype=np.int32)), dev(empty),
                                      dev(w), dev(np.ones(2, np.float32)),
                                      dev(np.zeros((2, 8), np.float32)), 1)
 
