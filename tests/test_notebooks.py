@@ -91,16 +91,6 @@ def test_python3_kernel_is_this_interpreter(python3_kernel_cmd: list[str]) -> No
     assert python3_kernel_cmd
 
 
-def _kernel_arguments(nb) -> list[str]:
-    """The simulator's GIL switch interval that tests/conftest.py sets here, in the kernel too (run
-    at its start, outside the notebook's cells and names) — except for a chapter that runs the
-    persistent scheduler kernel, which keeps Python's default (``python_switch_interval`` in
-    tests/conftest.py says why)."""
-    if any("PersistentExecutor(" in cell.source for cell in nb.cells if cell.cell_type == "code"):
-        return []
-    return [f"--IPKernelApp.exec_lines=__import__('sys').setswitchinterval({sys.getswitchinterval()!r})"]
-
-
 @pytest.mark.parametrize("notebook", _params())
 def test_notebook_runs(notebook: Path | None, python3_kernel_cmd: list[str]) -> None:
     if notebook is None:
@@ -120,7 +110,6 @@ def test_notebook_runs(notebook: Path | None, python3_kernel_cmd: list[str]) -> 
         timeout=CELL_TIMEOUT_S,  # per cell
         allow_errors=False,
         resources={"metadata": {"path": str(notebook.parent)}},  # kernel cwd
-        extra_arguments=_kernel_arguments(nb),
     )
     failure = None
     try:
