@@ -31,8 +31,6 @@ LAYOUT = RingLayout(num_slots=8, max_prompt_tokens=16, max_output_tokens=6)
 # request must wait in the ring until a lane frees up.
 CONFIG = EngineConfig(block_size=4, num_kv_blocks=12, max_num_seqs=2, max_num_batched_tokens=8)
 TIMEOUT_S = 240
-# Python's 5 ms switch interval here, not the simulator's 0.5 ms (tests/conftest.py explains why)
-pytestmark = pytest.mark.usefixtures("python_switch_interval")
 
 
 @pytest.fixture(scope="module")
