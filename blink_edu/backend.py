@@ -14,10 +14,7 @@ Override with the environment variable ``BLINK_EDU_BACKEND=gpu|sim|auto`` (defau
 the GPU when a CUDA driver and at least one device answer, otherwise the simulator).
 
 Also here: the NumPy 2.5 shim. numba-cuda 0.30.x still references ``np.row_stack``, which
-NumPy 2.5 removed; on such a NumPy we put it back as ``np.vstack`` before numba-cuda loads. And
-two fixes for the simulator, applied when it is chosen (``_tune_simulator``): a finer GIL switch
-interval, which runs its kernels about twice as fast, and a lock around its shared-memory
-allocator, which the finer interval showed to be racy.
+NumPy 2.5 removed; on such a NumPy we put it back as ``np.vstack`` before numba-cuda loads.
 """
 
 from __future__ import annotations
@@ -26,7 +23,6 @@ import ctypes
 import os
 import logging
 import sys
-import threading
 from dataclasses import dataclass
 from types import ModuleType
 
@@ -141,46 +137,6 @@ def _array_module(name: str) -> ModuleType:
     return np
 
 
-# Numba's CUDA simulator runs every CUDA thread of a block as a Python thread, and one more thread
-# polls them in a busy loop to release each __syncthreads() barrier. At Python's default switch
-# interval (5 ms) that poller may keep the GIL for a whole interval while the threads it waits for
-# stand still, so every barrier costs milliseconds. Handing the GIL over every 0.5 ms runs the
-# simulator's kernels about twice as fast; what a correctly synchronised kernel computes does not
-# depend on it.
-SIMULATOR_SWITCH_INTERVAL_S = 0.0005
-
-
-def _tune_simulator() -> None:
-    """The switch interval above, and a lock around the simulator's ``cuda.shared.array``.
-    ``FakeCUDAShared.array`` hands out a block's array, one per source line, with an unlocked
-    check-then-create: two threads that both find it missing each make their own, and what one
-    writes never reaches the other. At 5 ms a thread is seldom interrupted in between; at 0.5 ms
-    the persistent kernel and the tensor-core tile read garbage in some runs. The same method with
-    the check and the creation under a lock gives every thread of the block the same array, as a
-    GPU does."""
-    from numba.core import types
-    from numba.cuda.simulator import kernelapi
-    from numba.np import numpy_support
-
-    unlocked = kernelapi.FakeCUDAShared.array
-    lock = threading.Lock()
-
-    def array(self, shape, dtype, alignment=None):
-        if shape == 0 or alignment is not None:  # dynamic shared memory, or what numba refuses
-            return unlocked(self, shape, dtype, alignment)
-        caller = sys._getframe(1)
-        site = (caller.f_code.co_filename, caller.f_lineno)  # the allocation's source line
-        with lock:
-            if site not in self._allocations:
-                if isinstance(dtype, types.Type):  # numba.float32 and the like
-                    dtype = numpy_support.as_dtype(dtype)
-                self._allocations[site] = np.empty(shape, dtype)
-            return self._allocations[site]
-
-    kernelapi.FakeCUDAShared.array = array
-    sys.setswitchinterval(SIMULATOR_SWITCH_INTERVAL_S)
-
-
 def get_backend() -> Backend:
     """Choose (once) and return the backend. Safe to call many times."""
     global _backend
@@ -189,8 +145,6 @@ def get_backend() -> Backend:
         name = _decide(_requested())
         cuda = _import_numba_cuda(name)
         device = "Numba CUDA simulator (CPU)"
-        if name == "sim":
-            _tune_simulator()
         if name == "gpu":
             device = cuda.get_current_device().name
             device = device.decode() if isinstance(device, bytes) else str(device)
