@@ -323,13 +323,15 @@ def paged_attention(qkv, positions, seq_rows, block_tables, kv_pool, layer, num_
                             t0, n, out, workspace.view(np.uint32))
         cuda.syncthreads()  # the tiles are done with the workspace: the warps' turn
     # the splits of the (token, query head) pairs: a warp each, from the block after the tiles
-    # on, a pair's splits on consecutive warps
+    # on — every pair's first split, then every pair's second, ...: with short contexts only the
+    # first splits have positions to walk, and the blocks of the others, launched last, find
+    # nothing to do and leave at once
     warp = cuda.threadIdx.x // WARP
     mine = workspace[warp * WARP_WORDS:(warp + 1) * WARP_WORDS]
     splits = attention_splits_device(T * num_heads)
     first = (block - tile_items % n_blocks + n_blocks) % n_blocks  # the block after the tiles
     for item in range(first * WARPS + warp, T * num_heads * splits, n_blocks * WARPS):
-        pair, split = item // splits, item % splits
+        split, pair = item // (T * num_heads), item % (T * num_heads)
         t, h = pair // num_heads, pair % num_heads
         t0 = (t // per_tile) * per_tile
         if not tensor_cores or tiles == 0 or not one_sequence(positions, seq_rows, t0,
