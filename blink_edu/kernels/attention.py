@@ -1,33 +1,34 @@
 """Paged attention over a ragged flat batch: every token attends to its own sequence's past.
 
-A work item is one (token, query head), and a **warp** takes it on its own — or, when the batch
-has few of them, one *split* of a (token, head): its context cut into spans walked by different
-warps at once (flash-decoding, Dao et al. 2023), so that a batch-1 step does not leave all but a
-few SMs idle. A block's warps take different items: no barrier for the whole block, so an item
-costs what its own loads cost. The warp walks its span — positions of the token's sequence,
-found through the block table — in chunks of 32 positions, one a lane:
+A work item is one (token, query head) — or, when the batch has few of them, one *split* of a
+(token, head): its context cut into spans walked by different blocks at once (flash-decoding,
+Dao et al. 2023), so that a batch-1 step does not leave all but nine SMs idle. A block walks its
+span — positions of the token's sequence, found through the block table — in chunks of
+``THREADS`` positions:
 
-1. each lane scores its position: ``s = q . k / sqrt(E)``, the key read from its paged slot eight
-   dimensions a load (``loads.py``), all issued before the first is used; the lane also notes
-   where the position's value lives (a row of the pool seen as E-long rows), in shared memory;
+1. each thread scores one position: ``s = q . k / sqrt(E)`` (the key read from its paged slot,
+   eight dimensions a load — ``loads.py`` — all issued before the first is used), and writes
+   down where that position lives (its KV block and slot) for the value pass;
 2. an *online softmax* (Milakov & Gimelshein; FlashAttention) keeps a running max ``m`` and
-   running sum ``l`` — reduced over the warp's lanes with shuffles: a new chunk with a larger max
-   rescales what was accumulated by ``exp(m_old - m_new)``, so the scores never need to be
-   stored beyond one chunk;
-3. the lanes turn to the values: lane ``l`` owns dimensions ``l, l + 32, ...`` of the output and
-   adds ``exp(s_j - m) * v_j`` over the chunk's positions — the 32 lanes read a value row as one
-   coalesced access, ``UNROLL`` positions' loads in flight at once.
+   running sum ``l``: a new chunk with a larger max rescales what was accumulated by
+   ``exp(m_old - m_new)``, so the scores never need to be stored beyond one chunk;
+3. the threads split into groups that each accumulate ``acc += exp(s_j - m) * v_j`` over a share
+   of the chunk's positions. With ``E % 8 == 0`` a group is ``E / 8`` threads, each owning 8
+   dimensions read with one wide load (16 position groups at E = 64, so a 48-token context
+   costs each thread three loads, all in flight at once); otherwise a group is ``E`` threads,
+   thread ``e`` owning dimension ``e`` (consecutive threads on consecutive addresses). The
+   positions' blocks and slots come from step 1 (shared memory), not from the block table again:
+   a division and a dependent global load less a position.
 
-Addresses are flat: the 6-d pool ``(N, L, 2, B, K, E)`` is indexed as one vector, one multiply-add
-an address where an index tuple costs one per dimension — on a GPU an item this small is bound
-by its instructions, not its bytes (docs/design.md §5). At the end ``out = acc / l`` when the
-span was the whole context. A split instead leaves ``(acc, m, l)`` in ``partials`` and counts
-itself in ``arrivals``; the split that arrives last merges them — ``M = max m_s``,
+At the end the groups' partial sums are added: ``out = acc / l`` when the span was the whole
+context. A split instead leaves ``(acc, m, l)`` in ``partials`` and counts itself in
+``arrivals``; the split that arrives last merges them — ``M = max m_s``,
 ``out = sum_s exp(m_s - M) acc_s / sum_s exp(m_s - M) l_s`` — and resets the count, so no second
-kernel and no barrier are needed (the "last block" pattern of CUDA's threadFenceReduction
-sample, here the last warp). Grouped-query attention: query head ``h`` reads kv head
-``h // (H / K)``. Causality needs no mask: a token only walks positions ``<= p``, and this step's
-keys were written (``rope.py``) before this kernel runs.
+kernel and no barrier are needed (the "last block" pattern of CUDA's threadFenceReduction sample).
+Both inner loops issue ``UNROLL`` loads before using any (see ``linear.py``: decode is
+latency-bound). Grouped-query attention: query head ``h`` reads kv head ``h // (H / K)``.
+Causality needs no mask: a token only walks positions ``<= p``, and this step's keys were
+written (``rope.py``) before this kernel runs.
 
 A prompt chunk on an fp16 model takes the tensor-core tile of ``attention_tc.py`` instead — one
 work item a KV head and a tile of the chunk's tokens, each key read once a tile rather than once
@@ -40,51 +41,48 @@ import math
 import os
 
 import numpy as np
-from numba import float32, int32, int64
+from numba import float32
 
 from . import loads
 from .attention_tc import (ROWS, WORKSPACE_WORDS, attend_tile, one_sequence, tc_attention_tiles,
                            tc_attention_tiles_device)
-from .loads import VEC, load1_flat, load4_flat, load8_at
-from .reduce import (NEG_INF, THREADS, WARP, cuda, kernel_for_blocks_per_sm, lanes_max, lanes_sum,
-                     sync_lanes)
+from .loads import VEC, load8_at
+from .reduce import NEG_INF, THREADS, block_max, block_sum, cuda, kernel_for_blocks_per_sm
 
-UNROLL = 8  # value loads each lane has in flight in the inner loop
-KEY_LOADS = 4  # wide loads of one key in flight at once: half a 64-dim key
-WARPS = THREADS // WARP  # warps a block: each takes its own (token, head) work items
-MAX_HEAD_DIM = 4 * WARP  # E <= 128: a lane accumulates dimensions lane, lane + 32, lane + 64, ...
-# a warp's shared memory (32-bit words): weights, value rows, scratch, the groups' partial sums
-WARP_WORDS = 3 * WARP + WARP * VEC
+UNROLL = 8  # loads each thread has in flight in the inner loops
+KEY_LOADS = 8  # wide loads of one key in flight at once: a whole 64-dim key, half a 128-dim one
+PARTS = THREADS * VEC  # (THREADS / (E / 8)) position groups x E partial sums, at most
+MAX_HEAD_DIM = max(THREADS, 128)  # E <= THREADS, or E % 8 == 0 with wide loads, up to this
+# attend_token's shared memory (32-bit words): q, weights, scratch, parts, then each chunk
+# position's KV block and slot (int32)
+SCALAR_WORDS = MAX_HEAD_DIM + 4 * THREADS + PARTS
 # One shared allocation serves both paths (the persistent kernel's shared memory is the sum of
-# every op's): 32-bit words, seen as float32 and int32 by the warps and as fp16 pairs by the tile.
-WORKSPACE = max(WARPS * WARP_WORDS, WORKSPACE_WORDS)
+# every op's): 32-bit words, seen as float32 by attend_token and as fp16 pairs by the tile.
+WORKSPACE = max(SCALAR_WORDS, WORKSPACE_WORDS)
 
 
 def span_from_environment(value: str | None) -> int:
     """The fewest KV positions a split walks, from ``BLINK_EDU_DECODE_SPAN`` (read once, at
     import; a compile-time constant, so that ``tools/attention_probe.py --decode`` can time
     several side by side). 0: never split."""
-    span = int(value) if value and value.strip().isdigit() else (-1 if value else 2 * WARP)
+    span = int(value) if value and value.strip().isdigit() else (-1 if value else THREADS)
     if span < 0 or span % 32:
         raise ValueError(f"BLINK_EDU_DECODE_SPAN must be 0 or a multiple of 32, got {value!r}")
     return span
 
 
 SPAN = span_from_environment(os.environ.get("BLINK_EDU_DECODE_SPAN")) or 1 << 30  # 0: no split
-# Split the (token, head) pairs while they are fewer than half this: 16 warps an H200 SM, which
-# holds 3 of the kernel's blocks (12 warps) at once — a batch-64 step's 576 pairs split 3 ways
-# when their contexts are long, a batch-128 step's 1152 not at all.
-SPLIT_ITEMS = 2112
+SPLIT_BLOCKS = 264  # split the (token, head) pairs while they are fewer than half this: 2 an H200 SM
 MAX_SPLITS = 16  # splits of one (token, head), at most
 
 
 def attention_splits(pairs):
-    """Warps each of ``pairs`` (token, head) pairs is split over: enough to give ~SPLIT_ITEMS
-    warps work, and 1 when the pairs alone are many. ``pairs * splits <= SPLIT_ITEMS`` whenever
+    """Blocks each of ``pairs`` (token, head) pairs is split over: enough to give ~SPLIT_BLOCKS
+    blocks work, and 1 when the pairs alone are many. ``pairs * splits <= SPLIT_BLOCKS`` whenever
     splits > 1: the rows ``partials`` needs."""
-    if SPAN >= 1 << 30 or 2 * pairs > SPLIT_ITEMS:
+    if SPAN >= 1 << 30 or 2 * pairs > SPLIT_BLOCKS:
         return 1
-    return min(MAX_SPLITS, SPLIT_ITEMS // max(pairs, 1))
+    return min(MAX_SPLITS, SPLIT_BLOCKS // max(pairs, 1))
 
 
 attention_splits_device = cuda.jit(device=True, inline=True)(attention_splits)
@@ -103,207 +101,199 @@ span_of_device = cuda.jit(device=True, inline=True)(span_of)
 
 
 def attention_scratch(head_dim: int):
-    """What the splits of ``paged_attention`` exchange: ``partials`` (SPLIT_ITEMS, E + 2) f32,
-    a split's (acc, m, l), and ``arrivals`` (SPLIT_ITEMS,) i32, the splits of a (token, head)
+    """What the splits of ``paged_attention`` exchange: ``partials`` (SPLIT_BLOCKS, E + 2) f32,
+    a split's (acc, m, l), and ``arrivals`` (SPLIT_BLOCKS,) i32, the splits of a (token, head)
     done so far (zeros: the merging split resets its count)."""
-    return (cuda.device_array((SPLIT_ITEMS, head_dim + 2), np.float32),
-            cuda.to_device(np.zeros(SPLIT_ITEMS, np.int32)))
+    return (cuda.device_array((SPLIT_BLOCKS, head_dim + 2), np.float32),
+            cuda.to_device(np.zeros(SPLIT_BLOCKS, np.int32)))
 
 
 @cuda.jit(device=True, inline=True)
-def key_dot(qkv, t, q_col, kv_pool, key, E):
-    """q . k: q = ``qkv[t, q_col : q_col + E]``, k the E numbers of ``kv_pool`` from ``key`` on
-    (a flat offset: the pool seen as one vector). Wide loads when E % 8 == 0, KEY_LOADS of them in flight."""
+def score_of(q, kv_pool, blk, layer, slot, kvh, E):
+    """q . k for the key in ``kv_pool[blk, layer, 0, slot, kvh, :]`` (q in shared memory)."""
     score = float32(0)
-    if loads.WIDE_LOADS and E % VEC == 0:
+    if loads.WIDE_LOADS and E % VEC == 0:  # wide loads, 8 dims each, KEY_LOADS in flight
         for e0 in range(0, E, VEC * KEY_LOADS):
-            for u in range(KEY_LOADS):  # a constant trip count: unrolled, and no branch in it
-                e = e0 + u * VEC  # (past E: the last 8 again, counted as 0)
-                at = min(e, E - VEC)
-                k_lo = load4_flat(kv_pool, key + at)
-                k_hi = load4_flat(kv_pool, key + at + 4)
-                q = load8_at(qkv, (t, q_col + at))
-                part = (q[0] * k_lo[0] + q[1] * k_lo[1] + q[2] * k_lo[2] + q[3] * k_lo[3]
-                        + q[4] * k_hi[0] + q[5] * k_hi[1] + q[6] * k_hi[2] + q[7] * k_hi[3])
-                score += part if e < E else float32(0)
+            for u in range(KEY_LOADS):  # a small constant trip count: unrolled
+                e = e0 + u * VEC
+                if e < E:
+                    k8 = load8_at(kv_pool, (blk, layer, 0, slot, kvh, e))
+                    score += (q[e] * k8[0] + q[e + 1] * k8[1] + q[e + 2] * k8[2]
+                              + q[e + 3] * k8[3] + q[e + 4] * k8[4] + q[e + 5] * k8[5]
+                              + q[e + 6] * k8[6] + q[e + 7] * k8[7])
         return score
     for e0 in range(0, E, UNROLL):
         for u in range(UNROLL):  # a constant trip count: unrolled, its loads issued together
             e = e0 + u
             if e < E:
-                score += qkv[t, q_col + e] * load1_flat(kv_pool, key + e)
+                score += q[e] * kv_pool[blk, layer, 0, slot, kvh, e]
     return score
 
 
 @cuda.jit(device=True, inline=True)
-def add_values_wide(acc, weights, value_rows, n, kv_pool, E, lane):
-    """acc (8,) += sum over this lane's positions j of weights[j] * v_j[8 sl : 8 sl + 8]: the lanes
-    split into position groups of E / 8 lanes, group ``g`` taking the chunk's positions g,
-    g + groups, ..., each lane ``sl`` of it 8 dimensions in one wide load a position — so the
-    warp reads ``groups`` value rows at once, and a lane has its UNROLL loads in flight together.
-    Position j's value is row ``value_rows[j]`` of the pool seen as E-long rows."""
-    slices = E // VEC
-    groups = WARP // slices
-    g, sl = lane // slices, lane % slices
-    if g < groups:
-        for j0 in range(g, n, groups * UNROLL):
-            for u in range(UNROLL):  # a constant trip count: unrolled, and no branch in it
-                j = j0 + u * groups  # (past the chunk: a real row again, weighted 0)
-                at = int64(value_rows[min(j, WARP - 1)]) * E + sl * VEC
-                v_lo = load4_flat(kv_pool, at)
-                v_hi = load4_flat(kv_pool, at + 4)
-                w = weights[min(j, WARP - 1)] if j < n else float32(0)
-                for d in range(4):
-                    acc[d] += w * v_lo[d]
-                    acc[4 + d] += w * v_hi[d]
-
-
-@cuda.jit(device=True, inline=True)
-def add_values_narrow(acc, weights, value_rows, n, kv_pool, E, lane):
-    """The same where E % 8 != 0 (or without wide loads): lane ``l`` owns dimensions l, l + 32,
-    l + 64, l + 96 (those < E) in acc[0..3], one 4-byte load each a position."""
-    for j0 in range(0, n, UNROLL):
+def add_values_wide(acc8, weights, n, kv_pool, blocks, slots, layer, kvh, pg, pgroups, sl):
+    """acc8 (8,) += sum over this thread's positions j of weights[j] * v_j[8 sl : 8 sl + 8]:
+    position group ``pg`` of ``pgroups`` takes chunk positions pg, pg + pgroups, ...; each of
+    its E / 8 threads owns 8 dimensions, read with one wide load a position (position j in
+    ``kv_pool[blocks[j], layer, 1, slots[j]]``)."""
+    for j0 in range(pg, n, pgroups * UNROLL):
         for u in range(UNROLL):
-            j = j0 + u
+            j = j0 + u * pgroups
             if j < n:
-                w = weights[j]
-                at = int64(value_rows[j]) * E + lane
-                for i in range(4):
-                    if lane + WARP * i < E:
-                        acc[i] += w * load1_flat(kv_pool, at + WARP * i)
+                v8 = load8_at(kv_pool, (blocks[j], layer, 1, slots[j], kvh, sl * VEC))
+                wj = weights[j]
+                acc8[0] += wj * v8[0]
+                acc8[1] += wj * v8[1]
+                acc8[2] += wj * v8[2]
+                acc8[3] += wj * v8[3]
+                acc8[4] += wj * v8[4]
+                acc8[5] += wj * v8[5]
+                acc8[6] += wj * v8[6]
+                acc8[7] += wj * v8[7]
 
 
 @cuda.jit(device=True, inline=True)
-def attend_warp(qkv, positions, seq_rows, block_tables, kv_pool, layer, t, h, group, pair,
-                split, splits, out, partials, arrivals, mine):
-    """out[t, h * E : (h + 1) * E] for token ``t`` and query head ``h``, or this warp's share of
-    it: split ``split`` of ``splits`` (the module docstring). ``mine``: the warp's shared float32
-    (WARP_WORDS). Every lane of the warp must call it; no other warp takes part."""
-    lane = cuda.threadIdx.x % WARP
-    L, B, K, E = kv_pool.shape[1], kv_pool.shape[3], kv_pool.shape[4], kv_pool.shape[5]
+def attend_token(qkv, positions, seq_rows, block_tables, kv_pool, layer, t, h, num_heads, group,
+                 split, splits, out, partials, arrivals, workspace):
+    """out[t, h * E : (h + 1) * E] for token ``t`` and query head ``h``, or this block's share of
+    it: split ``split`` of ``splits`` (the module docstring); ``workspace``: shared float32
+    (>= SCALAR_WORDS). Every thread of the block must call it."""
+    tid = cuda.threadIdx.x
+    B = kv_pool.shape[3]
+    E = kv_pool.shape[5]
     context = positions[t] + 1
     span = span_of_device(context, splits)
     used = -(-context // span)  # splits with positions to walk
     if split >= used:
-        return  # (the whole warp)
+        return  # (the whole block)
     lo, hi = split * span, min(context, split * span + span)
     scale = float32(1) / math.sqrt(float32(E))
-    wide = loads.WIDE_LOADS and E % VEC == 0
-    # the pool as E-long rows: kv_pool[blk, layer, 0, slot, kvh] is row
-    # blk * block_rows + slot * K + key_rows, and its value row value_shift further
-    block_rows = L * 2 * B * K
-    key_rows = layer * 2 * B * K + h // group
-    value_shift = B * K
-    weights = mine[:WARP]  # exp(score - m) of the chunk's positions
-    value_rows = mine.view(np.int32)[WARP:2 * WARP]  # each chunk position's value row
-    scratch = mine[2 * WARP:3 * WARP]  # the simulator's reductions
-    parts = mine[3 * WARP:WARP_WORDS]  # the position groups' (E,) sums, side by side
-    acc = cuda.local.array(VEC, float32)  # this lane's share of the output (see add_values_*)
-    for d in range(VEC):
-        acc[d] = 0
-    row, q_col = seq_rows[t], h * E
+    wide = loads.WIDE_LOADS and E % VEC == 0  # values in wide loads: 8 dims a thread
+    n_groups = THREADS // E  # narrow: thread groups sharing the V accumulation, E threads each
+    g, e_own = tid // E, tid % E  # this thread's group and output dimension
+    slices = E // VEC  # wide: threads a position, 8 dims each
+    pgroups = THREADS // max(slices, 1)  # wide: position groups
+    pg, sl = tid // max(slices, 1), tid % max(slices, 1)
+    q = workspace[:MAX_HEAD_DIM]  # this item's query vector
+    weights = workspace[MAX_HEAD_DIM:MAX_HEAD_DIM + THREADS]  # exp(score - m) of the chunk
+    scratch = workspace[MAX_HEAD_DIM + THREADS:MAX_HEAD_DIM + 2 * THREADS]
+    parts = workspace[MAX_HEAD_DIM + 2 * THREADS:SCALAR_WORDS - 2 * THREADS]  # groups' (E,) sums
+    where = workspace.view(np.int32)[SCALAR_WORDS - 2 * THREADS:SCALAR_WORDS]
+    blocks, slots = where[:THREADS], where[THREADS:]  # each chunk position's KV block and slot
+    acc8 = cuda.local.array(VEC, float32)
+    kvh = h // group
+    row = seq_rows[t]
+    for e in range(tid, E, THREADS):
+        q[e] = qkv[t, h * E + e]
+    cuda.syncthreads()
     m = NEG_INF
     total = float32(0)
-    for start in range(lo, hi, WARP):
-        c = start + lane  # this lane's position
+    acc = float32(0)
+    for d in range(VEC):
+        acc8[d] = 0
+    for start in range(lo, hi, THREADS):
+        c = start + tid
         score = NEG_INF
-        key = int32(0)
         if c < hi:
             page = c // B
-            key = block_tables[row, page] * block_rows + (c - page * B) * K + key_rows
-            score = key_dot(qkv, t, q_col, kv_pool, int64(key) * E, E) * scale
-        m_new = max(m, lanes_max(score, scratch))
+            blk, slot = block_tables[row, page], c - page * B
+            blocks[tid], slots[tid] = blk, slot
+            score = score_of(q, kv_pool, blk, layer, slot, kvh, E) * scale
+        m_new = max(m, block_max(score, scratch))
         w = math.exp(score - m_new) if c < hi else float32(0)
+        weights[tid] = w
         rescale = math.exp(m - m_new)  # 0 on the first chunk (m = -inf)
-        total = total * rescale + lanes_sum(w, scratch)
-        weights[lane] = w
-        value_rows[lane] = key + value_shift
-        sync_lanes()  # the chunk's weights and rows, for every lane
-        for d in range(VEC):
-            acc[d] *= rescale
-        n = min(WARP, hi - start)
+        total = total * rescale + block_sum(w, scratch)  # (its barrier publishes weights, blocks)
+        acc *= rescale
+        n = min(THREADS, hi - start)
         if wide:
-            add_values_wide(acc, weights, value_rows, n, kv_pool, E, lane)
-        else:
-            add_values_narrow(acc, weights, value_rows, n, kv_pool, E, lane)
+            for d in range(VEC):
+                acc8[d] *= rescale
+            if pg < pgroups:
+                add_values_wide(acc8, weights, n, kv_pool, blocks, slots, layer, kvh, pg,
+                                pgroups, sl)
+        elif g < n_groups:
+            for j0 in range(g, n, n_groups * UNROLL):
+                for u in range(UNROLL):
+                    j = j0 + u * n_groups
+                    if j < n:
+                        acc += weights[j] * kv_pool[blocks[j], layer, 1, slots[j], kvh, e_own]
         m = m_new
-        sync_lanes()  # every lane is done with them before the next chunk's
-    groups = WARP // (E // VEC) if wide else 1
-    if wide and lane < groups * (E // VEC):
-        for d in range(VEC):
-            parts[(lane // (E // VEC)) * E + (lane % (E // VEC)) * VEC + d] = acc[d]
-    elif not wide:
-        for i in range(4):
-            if lane + WARP * i < E:
-                parts[lane + WARP * i] = acc[i]
-    sync_lanes()
-    for e in range(lane, E, WARP):
-        value = float32(0)  # acc[e], the groups added
-        for g in range(groups):
-            value += parts[g * E + e]
+        cuda.syncthreads()
+    if wide:  # every group's (E,) partial sums side by side in ``parts``, then added
+        if pg < pgroups:
+            for d in range(VEC):
+                parts[pg * E + sl * VEC + d] = acc8[d]
+    elif g < n_groups:
+        parts[g * E + e_own] = acc
+    cuda.syncthreads()
+    pair = t * num_heads + h
+    for e in range(tid, E, THREADS):
+        value = float32(0)  # acc[e]
+        for j in range(pgroups if wide else n_groups):
+            value += parts[j * E + e]
         if used == 1:
-            out[t, q_col + e] = value / total
+            out[t, h * E + e] = value / total
         else:
             partials[pair * splits + split, e] = value
     if used > 1:
-        merge_splits(t, q_col, pair, split, splits, used, m, total, out, partials, arrivals,
-                     scratch)
-    sync_lanes()  # every lane is done with ``parts`` before the warp's next item
+        merge_splits(t, h, pair, split, splits, used, m, total, out, partials, arrivals, scratch)
+    cuda.syncthreads()
 
 
 @cuda.jit(device=True, inline=True)
-def merge_splits(t, q_col, pair, split, splits, used, m, total, out, partials, arrivals,
-                 scratch):
+def merge_splits(t, h, pair, split, splits, used, m, total, out, partials, arrivals, scratch):
     """Leave this split's m and l beside its acc in ``partials`` (row ``pair * splits + split``);
-    the last of the ``used`` splits of (t, h) to arrive adds them all up into ``out[t, q_col:]``.
-    Every lane of the warp must call it."""
-    lane = cuda.threadIdx.x % WARP
+    the last of the ``used`` splits of (t, h) to arrive adds them all up into ``out``. Every
+    thread of the block must call it."""
+    tid = cuda.threadIdx.x
     E = partials.shape[1] - 2
     first = pair * splits  # the pair's rows of ``partials``
-    if lane == 0:
+    if tid == 0:
         partials[first + split, E] = m
         partials[first + split, E + 1] = total
-    cuda.threadfence()  # this lane's partials reach L2 before the warp's arrival is counted
-    sync_lanes()
-    last = float32(0)
-    if lane == 0:
+    cuda.threadfence()  # this block's partials reach L2 before its arrival is counted
+    cuda.syncthreads()
+    if tid == 0:
         arrived = cuda.atomic.add(arrivals, pair, 1)
-        if arrived == used - 1:
+        last = arrived == used - 1
+        if last:
             arrivals[pair] = 0  # ready for the next layer (after a kernel or grid barrier)
-            last = float32(1)
-    if lanes_sum(last, scratch) == 0:
+        scratch[0] = float32(1) if last else float32(0)
+    cuda.syncthreads()
+    if scratch[0] == 0:
         return
     # the last split: read every split's partials through L2 (an atomic add of 0: another SM's
     # writes, which this SM's L1 may hold an older copy of from an earlier layer)
     top = NEG_INF
     for s in range(used):
         top = max(top, cuda.atomic.add(partials, (first + s, E), float32(0)))
-    for e in range(lane, E, WARP):
+    for e in range(tid, E, THREADS):
         num, den = float32(0), float32(0)
         for s in range(used):
             f = math.exp(cuda.atomic.add(partials, (first + s, E), float32(0)) - top)
             num += f * cuda.atomic.add(partials, (first + s, e), float32(0))
             den += f * cuda.atomic.add(partials, (first + s, E + 1), float32(0))
-        out[t, q_col + e] = num / den
+        out[t, h * E + e] = num / den
 
 
 def attention_work_items(num_tokens, num_heads, num_kv_heads, head_dim, tensor_cores):
-    """Blocks' worth of work items of ``paged_attention`` (to size the grid): a tile a KV head
-    where ``tensor_cores``, then the splits of the (token, query head) pairs, WARPS a block."""
+    """Work items of ``paged_attention`` (to size the grid): a tile a KV head where
+    ``tensor_cores``, then the splits of the (token, query head) pairs."""
     tiles = tc_attention_tiles(num_tokens, num_heads // num_kv_heads, head_dim) if tensor_cores else 0
     pairs = num_tokens * num_heads
-    return tiles * num_kv_heads + -(-pairs * attention_splits(pairs) // WARPS)
+    return tiles * num_kv_heads + pairs * attention_splits(pairs)
 
 
 @cuda.jit(device=True, inline=True)
 def paged_attention(qkv, positions, seq_rows, block_tables, kv_pool, layer, num_heads,
                     num_kv_heads, out, partials, arrivals, tensor_cores, block, n_blocks):
     """out (T, H * E) = softmax(q k^T / sqrt(E)) v per (token, head), q read from qkv (T, ...).
-    Requires E <= MAX_HEAD_DIM, and a C-contiguous float32 ``kv_pool``. With ``tensor_cores``
-    (an fp16 model), a tile of consecutive tokens of one sequence — a prompt chunk — is one
-    block's work item of ``attention_tc.attend_tile`` for a KV head; the tokens of the other
-    tiles (a decode batch: one token a sequence) take ``attend_warp``, one split of a (token,
-    query head) a warp. Items ``[0, tiles * K)`` are the tiles, the rest the splits.
+    Requires E <= THREADS, or E % 8 == 0 (with wide loads) and E <= MAX_HEAD_DIM. With
+    ``tensor_cores`` (an fp16 model), a tile of consecutive tokens of one sequence — a prompt
+    chunk — is one work item of ``attention_tc.attend_tile`` for a KV head; the tokens of the
+    other tiles (a decode batch: one token a sequence) take ``attend_token``, one split of a
+    (token, query head) an item. Items ``[0, tiles * K)`` are the tiles, the rest the splits.
     ``partials``, ``arrivals``: ``attention_scratch``."""
     T = qkv.shape[0]
     group = num_heads // num_kv_heads
@@ -321,26 +311,21 @@ def paged_attention(qkv, positions, seq_rows, block_tables, kv_pool, layer, num_
             if one_sequence(positions, seq_rows, t0, n):
                 attend_tile(qkv, positions, seq_rows, block_tables, kv_pool, layer, group, kvh,
                             t0, n, out, workspace.view(np.uint32))
-        cuda.syncthreads()  # the tiles are done with the workspace: the warps' turn
-    # the splits of the (token, query head) pairs: a warp each, from the block after the tiles
-    # on — every pair's first split, then every pair's second, ...: with short contexts only the
-    # first splits have positions to walk, and the blocks of the others, launched last, find
-    # nothing to do and leave at once
-    warp = cuda.threadIdx.x // WARP
-    mine = workspace[warp * WARP_WORDS:(warp + 1) * WARP_WORDS]
+    # the splits of the (token, query head) pairs: items after the tiles, a split's items on
+    # consecutive blocks
     splits = attention_splits_device(T * num_heads)
     first = (block - tile_items % n_blocks + n_blocks) % n_blocks  # the block after the tiles
-    for item in range(first * WARPS + warp, T * num_heads * splits, n_blocks * WARPS):
-        split, pair = item // (T * num_heads), item % (T * num_heads)
+    for item in range(first, T * num_heads * splits, n_blocks):
+        pair, split = item // splits, item % splits
         t, h = pair // num_heads, pair % num_heads
         t0 = (t // per_tile) * per_tile
         if not tensor_cores or tiles == 0 or not one_sequence(positions, seq_rows, t0,
                                                              min(per_tile, T - t0)):
-            attend_warp(qkv, positions, seq_rows, block_tables, kv_pool, layer, t, h, group,
-                        pair, split, splits, out, partials, arrivals, mine)
+            attend_token(qkv, positions, seq_rows, block_tables, kv_pool, layer, t, h, num_heads,
+                         group, split, splits, out, partials, arrivals, workspace)
 
 
-@kernel_for_blocks_per_sm(3)
+@kernel_for_blocks_per_sm(5)  # 96 registers: 660 blocks at once, a b64 step's 576 in one wave
 def paged_attention_kernel(qkv, positions, seq_rows, block_tables, kv_pool, layer, num_heads,
                            num_kv_heads, out, partials, arrivals):
     """``paged_attention`` of a decode step (no prompt tiles: a constant, so the tile is not even

@@ -55,10 +55,6 @@ def _sim_load4_flat(a, at):
     return tuple(flat[at + k] for k in range(4))
 
 
-def _sim_load1_flat(a, at):
-    return a.reshape(-1)[at]
-
-
 def _gpu_loads():
     from llvmlite import ir
     from numba.core import cgutils, types
@@ -163,37 +159,19 @@ def _gpu_loads():
 
         return sig, codegen
 
-    @intrinsic
-    def load1_flat(typingctx, a, at):
-        if (not isinstance(a, types.Array) or a.layout != "C"
-                or a.dtype not in (types.float32, types.uint32, types.int32)):
-            raise TypeError(f"load1_flat takes a C-contiguous array of 32-bit numbers, not {a}")
-        if not isinstance(at, types.Integer):
-            raise TypeError(f"load1_flat takes one integer offset, not {at}")
-        sig = a.dtype(a, at)
-
-        def codegen(context, builder, signature, args):
-            ary = context.make_array(signature.args[0])(context, builder, args[0])
-            offset = context.cast(builder, args[1], signature.args[1], types.intp)
-            return builder.load(builder.gep(ary.data, [offset]), align=4)
-
-        return sig, codegen
-
-    return load8_at, load4_at, load4_flat, load1_flat
+    return load8_at, load4_at, load4_flat
 
 
 # load8_at(a, (i, j, ..., col)): the 8 elements a[i, j, ..., col:col + 8] as 8 float32.
 # load4_at(a, (i, ..., col)): the 4 elements a[i, ..., col:col + 4] of a 32-bit array, unconverted.
 # load4_flat(a, at): words at .. at + 3 of a C-contiguous 32-bit array counted from its start, as
 # if it were flat: one multiply-add for the address, where an index tuple costs one per dimension.
-# load1_flat(a, at): the one element at ``at`` of such an array, the same way.
 if SIMULATOR:
     load8_at = cuda.jit(device=True)(_sim_load8_at)
     load4_at = cuda.jit(device=True)(_sim_load4_at)
     load4_flat = cuda.jit(device=True)(_sim_load4_flat)
-    load1_flat = cuda.jit(device=True)(_sim_load1_flat)
 else:
-    load8_at, load4_at, load4_flat, load1_flat = _gpu_loads()
+    load8_at, load4_at, load4_flat = _gpu_loads()
 
 
 @cuda.jit(device=True, inline=True)

@@ -14,7 +14,7 @@ Two barriers per reduction, whatever ``THREADS`` is (a shared-memory tree needs 
 ``THREADS`` is 128 on a GPU and 32 in the simulator, where every CUDA thread is a Python thread
 and fewer threads per block keep tests fast. Code must only assume a power of two >= 32.
 
-Numba's simulator has no warp shuffles (and no ``syncwarp``), so there the reductions take their simulator form: every
+Numba's simulator has no warp shuffles, so there the reductions take their simulator form: every
 thread writes its value to shared memory, one barrier, and every thread adds up all ``THREADS``
 values itself. Same two barriers, same result (up to float rounding order), same contract.
 """
@@ -234,26 +234,6 @@ def _serial_quad_sum(value):
     return (v0 + v1) + (v2 + v3)
 
 
-@cuda.jit(device=True, inline=True)
-def _warp_sum_of(value, scratch):
-    return warp_sum(value)
-
-
-@cuda.jit(device=True, inline=True)
-def _warp_max_of(value, scratch):
-    return warp_max(value)
-
-
-@cuda.jit(device=True, inline=True)
-def _syncwarp():
-    cuda.syncwarp(FULL_MASK)
-
-
-@cuda.jit(device=True, inline=True)
-def _syncblock():
-    cuda.syncthreads()
-
-
 # block_sum(value, scratch) / block_max(value, scratch): the reduction over the block's threads,
 # every thread gets the result; scratch is a shared float32 (THREADS,).
 # block_argmax(value, index, values, indices): (max value, its lowest index).
@@ -268,14 +248,6 @@ block_exclusive_sum = _serial_exclusive_sum if SIMULATOR else _shuffle_exclusive
 # the lanes that hold one row of an mma fragment (``matmul_tc.py``); every lane gets the result.
 quad_sum = _serial_quad_sum if SIMULATOR else _shuffle_quad_sum
 quad_max = _serial_quad_max if SIMULATOR else _shuffle_quad_max
-# lanes_sum(value, scratch) / lanes_max(value, scratch): over the 32 lanes of this thread's warp,
-# every lane gets the result, with no other warp involved; sync_lanes(): a barrier for the warp's
-# lanes only (their shared-memory writes seen by each other). Work a warp does on its own, while
-# the block's other warps do theirs. In the simulator a block *is* one warp (THREADS = 32), and
-# these are the block forms; scratch: a shared float32 (WARP,) of the warp's own.
-lanes_sum = _serial_sum if SIMULATOR else _warp_sum_of
-lanes_max = _serial_max if SIMULATOR else _warp_max_of
-sync_lanes = _syncblock if SIMULATOR else _syncwarp
 
 
 NEG_INF = float32(-math.inf)

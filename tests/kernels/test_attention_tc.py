@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from blink_edu.kernels.attention import (attention_kernel, attention_scratch, attention_splits,
-                                         attention_work_items, WARPS,
+                                         attention_work_items,
                                          paged_attention_kernel, uses_attention_tiles)
 from blink_edu.kernels.attention_tc import HEAD_DIM, ROWS
 from blink_edu.kernels.reduce import THREADS, cuda, grid_for
@@ -111,8 +111,7 @@ def test_the_tile_declines_other_head_sizes():
     assert tc_attention_tiles(100, 3, HEAD_DIM) == -(-100 // (ROWS // 3))
     assert tc_attention_tiles(100, 3, 128) == 0
     assert tc_attention_tiles(100, ROWS + 1, HEAD_DIM) == 0
-    # no tile at 32-dim heads: the (token, head) pairs' splits only, a warp each
-    assert attention_work_items(10, 4, 2, 32, True) == -(-10 * 4 * attention_splits(10 * 4) // WARPS)
+    assert attention_work_items(10, 4, 2, 32, True) == 10 * 4 * attention_splits(10 * 4)
     # a host launches the kernel without the tile unless the step can use it
     assert attention_kernel(uses_attention_tiles(True, True, 2, 32)) is paged_attention_kernel
     assert attention_kernel(uses_attention_tiles(True, False, 3, HEAD_DIM)) is paged_attention_kernel

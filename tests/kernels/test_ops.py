@@ -182,11 +182,11 @@ def test_split_contexts_merge_to_the_reference_and_leave_no_count(rng, context):
 
 
 def test_splits_fit_their_scratch():
-    for pairs in range(1, 4 * attention.SPLIT_ITEMS):
+    for pairs in range(1, 4 * attention.SPLIT_BLOCKS):
         splits = attention.attention_splits(pairs)
         assert 1 <= splits <= attention.MAX_SPLITS
-        assert splits == 1 or pairs * splits <= attention.SPLIT_ITEMS
-    assert attention.attention_splits(attention.SPLIT_ITEMS) == 1
+        assert splits == 1 or pairs * splits <= attention.SPLIT_BLOCKS
+    assert attention.attention_splits(attention.SPLIT_BLOCKS) == 1  # a b64 decode step's 576
 
 
 @cuda.jit
