@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import subprocess
 import sys
 import tempfile
@@ -38,6 +39,7 @@ from blink_edu.kernels.attention import (attention_scratch, attention_work_items
 from blink_edu.kernels.reduce import THREADS, cuda, grid_for  # noqa: E402
 
 H, K, E, B = 9, 3, 64, 16
+LAYERS = 8  # layers in the probe's KV pool: the kernels read layer 7, with 7 layers' strides before it
 
 
 def probe(P: int, replays: int, rng, once: bool = False) -> dict:
@@ -47,7 +49,7 @@ def probe(P: int, replays: int, rng, once: bool = False) -> dict:
     # Numba device arrays: a CuPy array handed to a Numba kernel is synchronised through its
     # stream at every launch, which a stream capture refuses (cudaErrorStreamCaptureIsolation).
     qkv = cuda.to_device(rng.standard_normal((P, (H + 2 * K) * E)).astype(np.float32))
-    pool = cuda.to_device(rng.standard_normal((blocks + 4, 30, 2, B, K, E)).astype(np.float32))
+    pool = cuda.to_device(rng.standard_normal((blocks + 4, LAYERS, 2, B, K, E)).astype(np.float32))
     tables = cuda.to_device(rng.permutation(blocks + 4)[:blocks][None].astype(np.int32))
     positions = cuda.to_device(np.arange(P, dtype=np.int32))
     seq_rows = cuda.to_device(np.zeros(P, np.int32))
@@ -86,7 +88,7 @@ def probe_decode(batch: int, context: int, replays: int, rng) -> dict:
     width = -(-context // B)
     q = rng.standard_normal((batch, H, E)).astype(np.float32)  # (T, H, E)
     qkv = np.concatenate([q.reshape(batch, -1), rng.standard_normal((batch, 2 * K * E))], 1)
-    pool = rng.standard_normal((batch * width + 4, 30, 2, B, K, E)).astype(np.float32)
+    pool = rng.standard_normal((batch * width + 4, LAYERS, 2, B, K, E)).astype(np.float32)
     tables = rng.permutation(batch * width + 4)[:batch * width].reshape(batch, width).astype(np.int32)
     positions = np.full(batch, context - 1, np.int32)
     seq_rows = np.arange(batch, dtype=np.int32)
@@ -109,15 +111,26 @@ def probe_decode(batch: int, context: int, replays: int, rng) -> dict:
 
 def rows_in_children(args, variable: str, values: list, own_rows) -> list[dict]:
     """``own_rows()`` in a child process for each value of the environment variable ``variable``
-    (a compile-time constant, read when the kernels' modules are imported)."""
+    (a compile-time constant, read when the kernels' modules are imported). A child does not
+    outlive this process: killed (``timeout``'s SIGTERM, Ctrl-C), it takes its child with it —
+    one left running would share the GPU with whatever is timed next."""
     if os.environ.get("ATTENTION_PROBE_CHILD"):
         return own_rows()
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # unwind through the finally below
     rows = []
     for value in values:
         with tempfile.NamedTemporaryFile(suffix=".json") as f:
-            subprocess.run([sys.executable, __file__, *sys.argv[1:], "--json", f.name],
-                           env={**os.environ, variable: str(value), "ATTENTION_PROBE_CHILD": "1"},
-                           check=True, stdout=subprocess.DEVNULL)
+            child = subprocess.Popen([sys.executable, __file__, *sys.argv[1:], "--json", f.name],
+                                     env={**os.environ, variable: str(value),
+                                          "ATTENTION_PROBE_CHILD": "1"},
+                                     stdout=subprocess.DEVNULL)
+            try:
+                if child.wait() != 0:
+                    raise subprocess.CalledProcessError(child.returncode, child.args)
+            finally:
+                if child.poll() is None:
+                    child.kill()
+                    child.wait()
             rows += json.load(open(f.name))["rows"]
     return rows
 
