@@ -353,7 +353,7 @@ def linear(x, x_rows, norm_w, eps, w, bias, out, accumulate, tensor_cores, block
         gemv(x, x_rows, norm_w, eps, w, bias, out, accumulate, block, n_blocks)
     elif tensor_cores:
         tc_decode_linear(x, x_rows, norm_w, eps, w, bias, out, accumulate,
-                         loads.WIDE_LOADS and w.shape[1] % VEC == 0, block, n_blocks)
+                         loads.wide_rows(w), block, n_blocks)
     else:
         tiled_matmul(x, x_rows, norm_w, eps, w, bias, out, accumulate, block, n_blocks)
 
@@ -400,7 +400,7 @@ def linear_swiglu(x, x_rows, norm_w, eps, w, bias, act, block, n_blocks):
         gemv_swiglu(x, x_rows, norm_w, eps, w, bias, act, block, n_blocks)
     else:
         tc_decode_swiglu(x, x_rows, norm_w, eps, w, bias, act,
-                         loads.WIDE_LOADS and w.shape[1] % VEC == 0, block, n_blocks)
+                         loads.wide_rows(w), block, n_blocks)
 
 
 @cuda.jit(device=True)
@@ -414,7 +414,7 @@ def linear_qkv_rope(x, x_rows, norm_w, eps, w, bias, qkv, positions, seq_rows, b
     else:
         tc_decode_qkv_rope(x, x_rows, norm_w, eps, w, bias, qkv, positions, seq_rows,
                            block_tables, cos, sin, kv_pool, layer, num_heads, num_kv_heads,
-                           loads.WIDE_LOADS and w.shape[1] % VEC == 0, block, n_blocks)
+                           loads.wide_rows(w), block, n_blocks)
 
 
 @cuda.jit

@@ -186,6 +186,13 @@ def load8_1d(a, col):
     return load8_at(a, (col,))
 
 
+@cuda.jit(device=True, inline=True)
+def wide_rows(w):
+    """Whether a matrix's rows take the wide-load paths inside a kernel that serves any width
+    (the persistent kernel): in_features a multiple of VEC, and wide loads on."""
+    return WIDE_LOADS and w.shape[1] % VEC == 0
+
+
 class ByAlignment:
     """One kernel compiled twice and launched as one: for operands whose rows start 16-byte
     aligned (in_features a multiple of VEC) with the wide-load path only, and for the rest with

@@ -437,9 +437,12 @@ def _qkv_rope_kernel(aligned):
     return kernel
 
 
+def in_features(x, x_rows, norm_w, eps, w, *rest):
+    return w.shape[1]
+
+
 # The three as kernels, launched ``[grid_for(tc_decode_items(...)), THREADS]``: each built for
 # I % 8 == 0 and for the rest (``loads.ByAlignment``), picked from w's in_features.
-in_features = lambda x, x_rows, norm_w, eps, w, *rest: w.shape[1]  # noqa: E731
 tc_decode_linear_kernel = ByAlignment(_linear_kernel, in_features)
 tc_decode_swiglu_kernel = ByAlignment(_swiglu_kernel, in_features)
 tc_decode_qkv_rope_kernel = ByAlignment(_qkv_rope_kernel, in_features)
