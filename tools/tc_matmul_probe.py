@@ -162,6 +162,9 @@ def main(argv=None) -> int:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--bk", type=int, choices=[32, 64], help="k step (default: the module's)")
     parser.add_argument("--json", default=None, help="also write the table here (JSON)")
+    parser.add_argument("--tile-only", action="store_true",
+                        help="time the tile alone: no FMA tile, cuBLAS, matmul_tc_decode or GEMV "
+                             "beside it (to compare two trees of the tile in one call)")
     parser.add_argument("--once", action="store_true",
                         help="only the checked launch of each shape, nothing timed (for ncu)")
     args = parser.parse_args(argv)
@@ -226,19 +229,20 @@ def main(argv=None) -> int:
                     lambda s, i: launch_tc_linear(*with_copy(i), stream=s,
                                                   steps_per_split=variant or k_steps),
                     args.replays, args.runs)
-            fma_grid = grid_for(linear_work_items(R, O))
-            fma_us = time_in_graph(lambda s, i: fma_tile_kernel[fma_grid, THREADS, s](
-                *with_copy(i)[:8]), args.replays, args.runs)
-            blas_us = time_cublas(R, O, I, args.replays, args.weight_copies)
-            dec_us = time_in_graph(lambda s, i: tc_decode_linear_kernel[dec_grid, THREADS, s](
-                *with_copy(i)[:8]), args.replays, args.runs)
-            gemv_us = float("nan")
-            if R <= args.gemv_max:
+            fma_us = blas_us = dec_us = gemv_us = float("nan")
+            if not args.tile_only:
+                fma_grid = grid_for(linear_work_items(R, O))
+                fma_us = time_in_graph(lambda s, i: fma_tile_kernel[fma_grid, THREADS, s](
+                    *with_copy(i)[:8]), args.replays, args.runs)
+                blas_us = time_cublas(R, O, I, args.replays, args.weight_copies)
+                dec_us = time_in_graph(lambda s, i: tc_decode_linear_kernel[dec_grid, THREADS, s](
+                    *with_copy(i)[:8]), args.replays, args.runs)
+            if R <= args.gemv_max and not args.tile_only:
                 gemv_grid = grid_for(gemv_work_items(O))
                 gemv_us = time_in_graph(lambda s, i: gemv_kernel[gemv_grid, THREADS, s](
                     *with_copy(i)[:8]), args.replays, args.runs)
             fused = {}
-            if name == "gate_up":  # SwiGLU after the tile, or in matmul_tc_decode's epilogue
+            if name == "gate_up" and not args.tile_only:  # SwiGLU after the tile, or in matmul_tc_decode's epilogue
                 fused = time_gate_up_with_swiglu(with_copy, R, O // 2, num_sms, args)
             tflops = 2 * R * O * I / (tc_us * 1e-6) / 1e12
             weight_gbs = 2 * O * I / (tc_us * 1e-6) / 1e9

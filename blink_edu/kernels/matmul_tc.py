@@ -63,10 +63,12 @@ k range until the blocks fill the GPU, and the blocks add their partial tiles on
 atomic adds (in an order that varies from run to run: the sums agree to float32 rounding, not
 bit for bit). A prompt chunk has tiles enough and takes all of k in one block, adding plainly.
 
-**Prologue and epilogue.** Because partial tiles are *added* to ``out``, what they are added onto
-is prepared first, by ``tc_prologue`` (a launch of its own, only when it has work): ``out``
-set to the bias (``accumulate=0``) or the bias added to the residual already there
-(``accumulate=1``), and each token's ``1 / rms`` for the RMSNorm in ``row_scale``. The norm is
+**Prologue and epilogue.** Where the k range is split, partial tiles are *added* to ``out``, so
+what they are added onto is prepared first, by ``tc_prologue`` (a launch of its own, only when it
+has work): ``out`` set to the bias (``accumulate=0``) or the bias added to the residual already
+there (``accumulate=1``). Where it is not, each block writes its tile whole — bias and residual
+added in its epilogue, every load of the residual issued before the first store (``add_rows``).
+Either way the prologue puts each token's ``1 / rms`` for the RMSNorm in ``row_scale``. The norm is
 folded in as in the ``linear`` kernels: ``rms_norm(x) @ W.T = inv_rms(x) * ((x * g) @ W.T)`` —
 the norm weight ``g`` scales the activations as they are staged, ``row_scale`` each partial
 tile as it is added. The activations are rounded to fp16 after the norm weight and before
@@ -430,12 +432,18 @@ def store_output(out, r, o, y, bias, accumulate):
 
 
 @cuda.jit(device=True, inline=True)
-def add_rows(out, r0, o0, acc, norm_w, row_scale, shared, full):
+def add_rows(out, r0, o0, acc, norm_w, row_scale, bias, accumulate, shared, full):
     """Each lane's accumulators onto ``out``: c0, c1 at row g, columns 2t, 2t+1 of every mma
-    tile, c2, c3 at row g + 8; with a norm each row scaled by its ``row_scale`` (1 / rms). With
-    an atomic add where other blocks add their part of k to the same elements (``shared``: the
-    k range is split); nothing past the last row, or column unless the tile is ``full``. The
-    caller passes ``shared`` and ``full`` as constants (``add_tile``): straight-line code for
+    tile, c2, c3 at row g + 8; with a norm each row scaled by its ``row_scale`` (1 / rms);
+    nothing past the last row, or column unless the tile is ``full``. Where other blocks add
+    their part of k to the same elements (``shared``: the k range is split) an atomic add onto
+    what ``tc_prologue`` put there (the bias, the residual, zeros). Otherwise this block owns the
+    elements and writes them whole — the bias added here, and with ``accumulate`` the residual
+    already in ``out`` — in three passes: scale and bias, then *every* load of the residual, then
+    every store. Interleaved (``out[r, o] += y`` element after element) each load had to wait for
+    the store before it (the compiler cannot tell that the addresses differ): 32 round trips to
+    memory one after another a lane, where batched they overlap as one.
+    The caller passes ``shared`` and ``full`` as constants (``add_tile``): straight-line code for
     each case, where tests on every element made the epilogue as long as the rest of the kernel.
     Column indices are unsigned (no check for Python's negative ones: ``mma_step``)."""
     warp, lane = cuda.threadIdx.x // WARP, cuda.threadIdx.x % WARP
@@ -448,41 +456,64 @@ def add_rows(out, r0, o0, acc, norm_w, row_scale, shared, full):
             r = r0 + m0 + mi * 16 + half * 8 + g
             if r < R:
                 scale = row_scale[r] if norm_w.shape[0] > 0 else float32(1)
-                out_row = out[r]  # (O,)
                 for ni in range(NI):
                     for c in range(2):
                         o = uint32(o0 + n0 + ni * 8 + 2 * t + c)
                         y = acc[mi, ni, 2 * half + c] * scale
+                        if shared:
+                            if full or o < O:
+                                cuda.atomic.add(out[r], o, y)
+                        elif full or o < O:
+                            acc[mi, ni, 2 * half + c] = plus_bias(y, bias, o)
+    if shared:
+        return
+    if accumulate:  # the residual: every load issued before any store
+        for mi in range(MI):
+            for half in range(2):
+                r = r0 + m0 + mi * 16 + half * 8 + g
+                if r < R:
+                    for ni in range(NI):
+                        for c in range(2):
+                            o = uint32(o0 + n0 + ni * 8 + 2 * t + c)
+                            if full or o < O:
+                                acc[mi, ni, 2 * half + c] += out[r, o]
+    for mi in range(MI):
+        for half in range(2):
+            r = r0 + m0 + mi * 16 + half * 8 + g
+            if r < R:
+                for ni in range(NI):
+                    for c in range(2):
+                        o = uint32(o0 + n0 + ni * 8 + 2 * t + c)
                         if full or o < O:
-                            if shared:
-                                cuda.atomic.add(out_row, o, y)
-                            else:
-                                out_row[o] += y
+                            out[r, o] = acc[mi, ni, 2 * half + c]
 
 
 @cuda.jit(device=True, inline=True)
-def add_tile(out, r0, o0, acc, norm_w, row_scale, shared):
+def add_tile(out, r0, o0, acc, norm_w, row_scale, bias, accumulate, shared):
     """``add_rows`` for the tile at (r0, o0), with its two flags made constants."""
     if o0 + BN <= out.shape[1]:  # every column of the tile exists (all but an odd O's last)
         if shared:
-            add_rows(out, r0, o0, acc, norm_w, row_scale, True, True)
+            add_rows(out, r0, o0, acc, norm_w, row_scale, bias, accumulate, True, True)
         else:
-            add_rows(out, r0, o0, acc, norm_w, row_scale, False, True)
+            add_rows(out, r0, o0, acc, norm_w, row_scale, bias, accumulate, False, True)
     elif shared:
-        add_rows(out, r0, o0, acc, norm_w, row_scale, True, False)
+        add_rows(out, r0, o0, acc, norm_w, row_scale, bias, accumulate, True, False)
     else:
-        add_rows(out, r0, o0, acc, norm_w, row_scale, False, False)
+        add_rows(out, r0, o0, acc, norm_w, row_scale, bias, accumulate, False, False)
 
 
 @cuda.jit(device=True, inline=True)
-def tc_matmul(x, x_rows, norm_w, w, row_scale, out, steps_per_split, wide, block, n_blocks):
-    """out (R, O) += rms_norm?(x[x_rows]) @ w.T, on tensor cores, work items ``block``,
-    ``block + n_blocks``, ... of ``tc_work_items(R, O, I, steps_per_split)``; ``out`` holds what
-    ``tc_prologue`` put there (the bias, the residual) and ``row_scale`` (R,) its 1 / rms.
-    x (T, I) f32; x_rows (R,) i32; norm_w (I,) f32 or (0,); w (O, I) f16, I even; ``wide``:
-    I % 8 == 0, every row 16-byte aligned (a constant of each build of ``tc_matmul_kernel``).
-    A work item is one BM x BN tile of ``out`` over ``steps_per_split`` k steps of BK.
-    Every thread of the block must call it."""
+def tc_matmul(x, x_rows, norm_w, w, bias, row_scale, out, accumulate, steps_per_split, wide,
+              block, n_blocks):
+    """out (R, O) (+)= rms_norm?(x[x_rows]) @ w.T + bias, on tensor cores, work items ``block``,
+    ``block + n_blocks``, ... of ``tc_work_items(R, O, I, steps_per_split)``; ``row_scale`` (R,)
+    holds each row's 1 / rms (``tc_prologue``). When the k range is split, ``out`` holds what
+    the prologue put there (the bias, the residual, zeros) and the splits add onto it; when it
+    is not, each block writes its tile whole (``add_rows``).
+    x (T, I) f32; x_rows (R,) i32; norm_w (I,) f32 or (0,); w (O, I) f16, I even; bias (O,) f32
+    or (0,); ``wide``: I % 8 == 0, every row 16-byte aligned (a constant of each build of
+    ``tc_matmul_kernel``). A work item is one BM x BN tile of ``out`` over ``steps_per_split``
+    k steps of BK. Every thread of the block must call it."""
     tid = cuda.threadIdx.x
     R = x_rows.shape[0]
     O, I = w.shape
@@ -529,14 +560,16 @@ def tc_matmul(x, x_rows, norm_w, w, row_scale, out, steps_per_split, wide, block
             if kt + 1 < k_end:  # the other buffer: nobody reads it during this step
                 store_step(xa, wb, norm_w, kt + 1, wide, a_tile, b_tile, 1 - buf)
             cuda.syncthreads()
-        add_tile(out, r0, o0, acc, norm_w, row_scale, splits > 1)
+        add_tile(out, r0, o0, acc, norm_w, row_scale, bias, accumulate, splits > 1)
 
 
 @cuda.jit(device=True, inline=True)
-def tc_prologue(x, x_rows, norm_w, eps, bias, out, accumulate, row_scale, block, n_blocks):
-    """What the tile's partial sums are added onto, one row r of R a work item:
-    ``row_scale[r] = 1 / rms(x[x_rows[r]])`` with a norm, and ``out[r, :] = (out[r, :] if
-    accumulate else 0) + bias`` (left alone when that changes nothing)."""
+def tc_prologue(x, x_rows, norm_w, eps, bias, out, accumulate, split, row_scale, block,
+                n_blocks):
+    """What the tile needs before it starts, one row r of R a work item:
+    ``row_scale[r] = 1 / rms(x[x_rows[r]])`` with a norm, and, when the tile's k range is
+    ``split`` (its partial sums are added onto ``out``), ``out[r, :] = (out[r, :] if accumulate
+    else 0) + bias`` (left alone when that changes nothing)."""
     tid = cuda.threadIdx.x
     I, O = x.shape[1], out.shape[1]
     scratch = cuda.shared.array(OP_THREADS, float32)
@@ -549,24 +582,24 @@ def tc_prologue(x, x_rows, norm_w, eps, bias, out, accumulate, row_scale, block,
             total = block_sum(squares, scratch)
             if tid == 0:
                 row_scale[r] = float32(1) / math.sqrt(total / I + eps)
-        if bias.shape[0] > 0 or not accumulate:
+        if split and (bias.shape[0] > 0 or not accumulate):
             for o in range(tid, O, OP_THREADS):  # the other paths' epilogue, of a zero product
                 store_output(out, r, o, float32(0), bias, accumulate)
 
 
 @cuda.jit
-def tc_prologue_kernel(x, x_rows, norm_w, eps, bias, out, accumulate, row_scale):
+def tc_prologue_kernel(x, x_rows, norm_w, eps, bias, out, accumulate, split, row_scale):
     """``tc_prologue`` as a kernel: launch ``[grid_for(R), reduce.THREADS]``."""
-    tc_prologue(x, x_rows, norm_w, eps, bias, out, accumulate, row_scale, cuda.blockIdx.x,
-                cuda.gridDim.x)
+    tc_prologue(x, x_rows, norm_w, eps, bias, out, accumulate, split, row_scale,
+                cuda.blockIdx.x, cuda.gridDim.x)
 
 
 def tile_kernel(aligned: bool):
     """``tc_matmul`` as a kernel for ``aligned`` operands or not (``loads.ByAlignment``)."""
 
     @cuda.jit
-    def kernel(x, x_rows, norm_w, w, row_scale, out, steps_per_split):
-        tc_matmul(x, x_rows, norm_w, w, row_scale, out, steps_per_split,
+    def kernel(x, x_rows, norm_w, w, bias, row_scale, out, accumulate, steps_per_split):
+        tc_matmul(x, x_rows, norm_w, w, bias, row_scale, out, accumulate, steps_per_split,
                   aligned and loads.WIDE_LOADS, cuda.blockIdx.x, cuda.gridDim.x)
 
     return kernel
@@ -600,9 +633,15 @@ def tc_steps_per_split(R: int, O: int, I: int, num_sms: int) -> int:
     return max(min(k_steps, MIN_STEPS_PER_SPLIT), -(-k_steps // splits))
 
 
-def needs_prologue(norm_w, bias, accumulate) -> bool:
-    """Whether ``tc_prologue`` has anything to do: a norm, a bias, or an ``out`` to overwrite."""
-    return norm_w.shape[0] > 0 or bias.shape[0] > 0 or not accumulate
+def is_split(I: int, steps_per_split: int) -> bool:
+    """Whether the k range is split among blocks (their partial tiles added onto ``out``)."""
+    return -(-I // BK) > steps_per_split
+
+
+def needs_prologue(norm_w, bias, accumulate, split) -> bool:
+    """Whether ``tc_prologue`` has anything to do: a norm, or for a split k range a bias or an
+    ``out`` to overwrite (an unsplit tile writes its outputs whole)."""
+    return norm_w.shape[0] > 0 or (split and (bias.shape[0] > 0 or not accumulate))
 
 
 def launch_tc_linear(x, x_rows, norm_w, eps, w, bias, out, accumulate, row_scale, stream=0,
@@ -610,12 +649,13 @@ def launch_tc_linear(x, x_rows, norm_w, eps, w, bias, out, accumulate, row_scale
     """out (R, O) (+)= rms_norm?(x[x_rows]) @ w.T + bias on tensor cores: the prologue (if it has
     work) and the tile, two launches on ``stream``. ``row_scale`` (>= R,) f32 device scratch."""
     R, (O, I) = x_rows.shape[0], w.shape
-    if needs_prologue(norm_w, bias, accumulate):
-        tc_prologue_kernel[grid_for(R), OP_THREADS, stream](x, x_rows, norm_w, eps, bias, out,
-                                                        accumulate, row_scale)
     steps = steps_per_split or tc_steps_per_split(R, O, I, num_sms)
+    split = is_split(I, steps)
+    if needs_prologue(norm_w, bias, accumulate, split):
+        tc_prologue_kernel[grid_for(R), OP_THREADS, stream](x, x_rows, norm_w, eps, bias, out,
+                                                        accumulate, split, row_scale)
     tc_matmul_kernel[grid_for(tc_work_items(R, O, I, steps)), THREADS, stream](
-        x, x_rows, norm_w, w, row_scale, out, steps)
+        x, x_rows, norm_w, w, bias, row_scale, out, accumulate, steps)
 
 
 def require_tc_operands(x_rows, w, out) -> None:

@@ -99,10 +99,16 @@ def test_split_k_fills_the_gpu_but_keeps_some_steps_per_item():
 
 def test_the_prologue_is_skipped_only_when_it_has_nothing_to_do():
     empty, some = np.zeros(0, np.float32), np.ones(4, np.float32)
-    assert not matmul_tc.needs_prologue(empty, empty, accumulate=1)  # a residual add: nothing
-    assert matmul_tc.needs_prologue(some, empty, accumulate=1)  # a norm: 1 / rms per row
-    assert matmul_tc.needs_prologue(empty, some, accumulate=1)  # a bias to add first
-    assert matmul_tc.needs_prologue(empty, empty, accumulate=0)  # out to overwrite
+    for split in (True, False):
+        assert not matmul_tc.needs_prologue(empty, empty, 1, split)  # a residual add: nothing
+        assert matmul_tc.needs_prologue(some, empty, 1, split)  # a norm: 1 / rms per row
+    # split k: partial tiles are added onto out, so it must hold the bias / zeros first
+    assert matmul_tc.needs_prologue(empty, some, 1, split=True)
+    assert matmul_tc.needs_prologue(empty, empty, 0, split=True)
+    # unsplit: each block writes its tile whole, the bias added in the tile's epilogue
+    assert not matmul_tc.needs_prologue(empty, some, 1, split=False)
+    assert not matmul_tc.needs_prologue(empty, empty, 0, split=False)
+    assert matmul_tc.is_split(3 * BK, 2) and not matmul_tc.is_split(3 * BK, 3)
 
 
 def test_mma_fragment_layout_matches_numpy(rng):
@@ -162,8 +168,8 @@ def test_float32_weights_are_refused_by_the_kernel(rng):
     empty = np.zeros(0, np.float32)
     with pytest.raises(Exception, match="float16 weights"):
         tc_matmul_kernel[1, THREADS](dev(x), dev(np.arange(2, dtype=np.int32)), dev(empty),
-                                     dev(w), dev(np.ones(2, np.float32)),
-                                     dev(np.zeros((2, 8), np.float32)), 1)
+                                     dev(w), dev(empty), dev(np.ones(2, np.float32)),
+                                     dev(np.zeros((2, 8), np.float32)), 0, 1)
 
 
 # The 135M model's matrices (O, I) at a decode batch of 64 and a 512-token prompt chunk.
