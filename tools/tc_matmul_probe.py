@@ -161,6 +161,9 @@ def main(argv=None) -> int:
     parser.add_argument("--runs", type=int, default=20, help="graph replays timed")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--bk", type=int, choices=[32, 64], help="k step (default: the module's)")
+    parser.add_argument("--warp-tile", type=int, nargs=2, metavar=("MI", "NI"),
+                        help="mma tiles a warp along m and n (default: the module's 2 4; the "
+                             "block tile follows: 2 x 2 warps)")
     parser.add_argument("--json", default=None, help="also write the table here (JSON)")
     parser.add_argument("--tile-only", action="store_true",
                         help="time the tile alone: no FMA tile, cuBLAS, matmul_tc_decode or GEMV "
@@ -169,11 +172,16 @@ def main(argv=None) -> int:
                         help="only the checked launch of each shape, nothing timed (for ncu)")
     args = parser.parse_args(argv)
     rows = []
-    if args.bk:  # before the first launch compiles the kernel with the module's constants
-        geometry = tile_geometry(THREADS, args.bk)
+    if args.warp_tile:  # before the first launch compiles the kernel with the module's constants
+        mi, ni = args.warp_tile
+        matmul_tc.MI, matmul_tc.NI, matmul_tc.WM, matmul_tc.WN = mi, ni, 16 * mi, 8 * ni
+        matmul_tc.ACC_SHAPE, matmul_tc.A_FRAG, matmul_tc.B_FRAG = (mi, ni, 4), (mi, 4), (ni, 2)
+    if args.bk or args.warp_tile:
+        geometry = tile_geometry(THREADS, args.bk or matmul_tc.BK)
         for name, value in geometry._asdict().items():
             setattr(matmul_tc, name, value)
         matmul_tc.A_VALUES, matmul_tc.B_WORDS = QUAD * geometry.A_LOADS, QUAD * geometry.B_LOADS
+        matmul_tc.LOADS = geometry.A_LOADS + geometry.B_LOADS
     if args.decode_mt:  # before the first launch compiles the kernels
         mt = args.decode_mt
         matmul_tc_decode.MT, matmul_tc_decode.ROWS = mt, 16 * mt

@@ -240,6 +240,14 @@ def linear_shape(op: int, config) -> tuple[int, int]:
             LM_HEAD: (config.vocab_size, D)}[op]
 
 
+# Blocks enough for the element-wise ops (RoPE, SwiGLU, the embedding) to give each element a
+# thread of its own up to 2M elements (a 1365-token prompt's SwiGLU). With fewer threads than
+# elements a thread loops, and its next loads cannot start before its last store (the compiler
+# cannot tell that they touch other addresses): with 1024 blocks a 512-token prompt's SwiGLU
+# took six memory round trips a thread, one after another.
+ONE_THREAD_AN_ITEM = 16384
+
+
 def op_grid(op: int, max_tokens: int, max_rows: int, config, tensor_cores: bool = False) -> int:
     """Blocks for ``op`` in a step of up to ``max_tokens`` tokens and ``max_rows`` sampled rows of
     the model ``config`` (a ``ModelConfig``): what every executor launches. A linear op may take
@@ -256,9 +264,10 @@ def op_grid(op: int, max_tokens: int, max_rows: int, config, tensor_cores: bool 
                                              config.head_dim, tensor_cores))
     if op == ROPE_KV:
         return grid_for(rope_work_items(max_tokens, config.num_heads, config.num_kv_heads,
-                                        config.head_dim))
+                                        config.head_dim), ONE_THREAD_AN_ITEM)
     if op == SWIGLU:
-        return grid_for(elementwise_items(max_tokens * config.intermediate_size))
+        return grid_for(elementwise_items(max_tokens * config.intermediate_size),
+                        ONE_THREAD_AN_ITEM)
     if op == SAMPLE:
         return grid_for(max_rows)
-    return grid_for(elementwise_items(max_tokens * config.hidden_size))  # EMBED
+    return grid_for(elementwise_items(max_tokens * config.hidden_size), ONE_THREAD_AN_ITEM)

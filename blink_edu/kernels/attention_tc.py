@@ -52,6 +52,7 @@ from numba import float32, uint32
 from .loads import load8_at
 from .matmul_tc import mma_m16n8k16, pack_half2
 from .reduce import NEG_INF, THREADS, WARP, cuda, quad_max, quad_sum
+from .rope import paged_slot
 
 HEAD_DIM = 64  # E: the only head size the tile takes
 
@@ -109,8 +110,8 @@ def one_sequence(positions, seq_rows, t0, n):
 def value8(kv_pool, block_tables, row, layer, kvh, c, e, end):
     """v[c, e : e + 8] of sequence ``row`` (8 float32), zeros from position ``end`` on."""
     if c < end:
-        B = kv_pool.shape[3]
-        return load8_at(kv_pool, (block_tables[row, c // B], layer, 1, c % B, kvh, e))
+        blk, slot = paged_slot(block_tables, row, c, kv_pool.shape[3])
+        return load8_at(kv_pool, (blk, layer, 1, slot, kvh, e))
     return (ZERO, ZERO, ZERO, ZERO, ZERO, ZERO, ZERO, ZERO)
 
 
@@ -121,13 +122,12 @@ def load_chunk(kv_pool, block_tables, row, layer, kvh, c0, end, kreg, vreg):
     for values, the same 8 dims of two neighbouring positions, paired along the position
     (vreg (V_LOADS, 8)), as V^T stores them."""
     tid = cuda.threadIdx.x
-    B = kv_pool.shape[3]
     for j in range(K_LOADS):
         a = tid + j * THREADS
         c = c0 + a // OCTETS
         if a < KC * OCTETS and c < end:
-            k8 = load8_at(kv_pool, (block_tables[row, c // B], layer, 0, c % B, kvh,
-                                    8 * (a % OCTETS)))
+            blk, slot = paged_slot(block_tables, row, c, kv_pool.shape[3])
+            k8 = load8_at(kv_pool, (blk, layer, 0, slot, kvh, 8 * (a % OCTETS)))
             for u in range(4):
                 kreg[j, u] = pack_half2(k8[2 * u], k8[2 * u + 1])
         else:

@@ -18,7 +18,19 @@ The paged slot of a token at position ``p`` of the sequence in block-table row `
 
 from __future__ import annotations
 
+from numba import uint32
+
 from .reduce import THREADS, cuda
+
+
+@cuda.jit(device=True, inline=True)
+def paged_slot(block_tables, row, p, block_size):
+    """(block, slot) of position ``p`` of the sequence in block-table row ``row``:
+    ``(block_tables[row, p // B], p % B)``. Divided as unsigned 32-bit numbers: a signed 64-bit
+    division (Python's ``//`` on Numba's default integers) is a call into a ~40-instruction
+    routine with a sign fix-up, and the prompt attention tile did eight of them a chunk."""
+    pu, bu = uint32(p), uint32(block_size)
+    return block_tables[row, pu // bu], pu % bu
 
 
 @cuda.jit(device=True, inline=True)
@@ -28,7 +40,8 @@ def pair_target(positions, seq_rows, block_tables, cos, sin, t, i, block_size):
     docstring). Its own function so that a caller can issue these loads early (``linear.py``
     reads them before its dot products, so that they overlap)."""
     p = positions[t]
-    return (cos[p, i], sin[p, i], block_tables[seq_rows[t], p // block_size], p % block_size)
+    blk, slot = paged_slot(block_tables, seq_rows[t], p, block_size)
+    return cos[p, i], sin[p, i], blk, slot
 
 
 @cuda.jit(device=True, inline=True)
