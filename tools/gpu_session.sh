@@ -11,6 +11,7 @@
 #   BLINK_EDU_COMMIT=<sha> bash tools/gpu_session.sh serving
 #   bash tools/gpu_session.sh profile    # Nsight Compute on layer 0 of a b1 step, a b64 step, a prefill
 #   BLINK_EDU_COMMIT=<sha> bash tools/gpu_session.sh attention  # the prompt attention tile, compared
+#   BLINK_EDU_COMMIT=<sha> bash tools/gpu_session.sh tile       # the tensor-core tile: variants, stalls
 # The server's packages (fastapi, starlette, uvicorn, pydantic and their needs) are not on the GPU
 # machine: fetch them here as cp312 wheels into .whl/ (git-ignored) and carry .whl with the call:
 #   python3 -m pip download --no-deps --only-binary=:all: --python-version 3.12 \
@@ -74,5 +75,27 @@ for run in "b1 --batch 1 --prompt 128" "b64 --batch 64 --prompt 128" "prefill512
     | grep -v "^  *[a-z_]* *regs" | sed 's/  */ /g' | head -90
 done
 ;;
-*) echo "usage: $0 tests|kernels|decode|serving|attention|profile" >&2; exit 2 ;;
+tile)  # the tensor-core tile alone at the 135M shapes: the module's geometry and the variants the probe
+       # can compile (--bk, --warp-tile), then Nsight Compute with the stall reasons on the 512-token
+       # gate/up (its third shape) and the 64-token LM head (its fifth); with BLINK_EDU_TILE_STAGES=3 in
+# the environment, the profiled tile is the pipelined one
+for v in "" "--bk 32" "--warp-tile 2 8 --bk 32"; do
+  name=tile$(echo "$v" | tr -d ' -'); echo "== $name"
+  timeout 90 python3 tools/tc_matmul_probe.py --tile-only --steps $v --json "$OUT/$name.json" 2>&1 | grep -v -i warn | tail -11
+done
+echo "== tile, three cp.async stages (BLINK_EDU_TILE_STAGES=3: checked against the reference, then timed)"
+BLINK_EDU_TILE_STAGES=3 timeout 90 python3 tools/tc_matmul_probe.py --tile-only --steps \
+  --json "$OUT/tile_stages3.json" 2>&1 | grep -v -i warn | tail -11
+NCU="ncu --clock-control none --section SpeedOfLight --section Occupancy --section LaunchStats
+  --section WarpStateStats --section SchedulerStats
+  --metrics regex:smsp__average_warps_issue_stalled_.*_per_issue_active\.ratio"
+for run in "512 2" "64 4"; do
+  set -- $run
+  timeout 90 $NCU -k regex:tc_matmul_kernel --launch-skip $2 --launch-count 1 \
+    python3 tools/tc_matmul_probe.py --once --rows $1 > "$OUT/ncu_tile_r$1.txt" 2>&1
+  echo "== ncu R=$1"; grep -E "Duration|Registers Per|Achieved Occ|Warp Cycles Per Issued|stalled" "$OUT/ncu_tile_r$1.txt" \
+    | sort -k3 -g -r | head -12
+done
+;;
+*) echo "usage: $0 tests|kernels|decode|serving|attention|profile|tile" >&2; exit 2 ;;
 esac

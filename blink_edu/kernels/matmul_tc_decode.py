@@ -410,31 +410,31 @@ def tc_decode_items(kind: str, num_rows: int, out_features: int, half_head: int 
 
 def _linear_kernel(aligned):
     @cuda.jit
-    def kernel(x, x_rows, norm_w, eps, w, bias, out, accumulate):
+    def tc_decode_linear_kernel(x, x_rows, norm_w, eps, w, bias, out, accumulate):
         tc_decode_linear(x, x_rows, norm_w, eps, w, bias, out, accumulate,
                          aligned and loads.WIDE_LOADS, cuda.blockIdx.x, cuda.gridDim.x)
 
-    return kernel
+    return tc_decode_linear_kernel
 
 
 def _swiglu_kernel(aligned):
     @cuda.jit
-    def kernel(x, x_rows, norm_w, eps, w, bias, act):
+    def tc_decode_swiglu_kernel(x, x_rows, norm_w, eps, w, bias, act):
         tc_decode_swiglu(x, x_rows, norm_w, eps, w, bias, act, aligned and loads.WIDE_LOADS,
                          cuda.blockIdx.x, cuda.gridDim.x)
 
-    return kernel
+    return tc_decode_swiglu_kernel
 
 
 def _qkv_rope_kernel(aligned):
     @cuda.jit
-    def kernel(x, x_rows, norm_w, eps, w, bias, qkv, positions, seq_rows, block_tables, cos, sin,
-               kv_pool, layer, num_heads, num_kv_heads):
+    def tc_decode_qkv_rope_kernel(x, x_rows, norm_w, eps, w, bias, qkv, positions, seq_rows,
+                                  block_tables, cos, sin, kv_pool, layer, num_heads, num_kv_heads):
         tc_decode_qkv_rope(x, x_rows, norm_w, eps, w, bias, qkv, positions, seq_rows,
                            block_tables, cos, sin, kv_pool, layer, num_heads, num_kv_heads,
                            aligned and loads.WIDE_LOADS, cuda.blockIdx.x, cuda.gridDim.x)
 
-    return kernel
+    return tc_decode_qkv_rope_kernel
 
 
 def in_features(x, x_rows, norm_w, eps, w, *rest):
@@ -442,7 +442,8 @@ def in_features(x, x_rows, norm_w, eps, w, *rest):
 
 
 # The three as kernels, launched ``[grid_for(tc_decode_items(...)), THREADS]``: each built for
-# I % 8 == 0 and for the rest (``loads.ByAlignment``), picked from w's in_features.
+# I % 8 == 0 and for the rest (``loads.ByAlignment``), picked from w's in_features. Each build
+# has its kernel's own name, which Nsight Compute's ``-k`` filters on.
 tc_decode_linear_kernel = ByAlignment(_linear_kernel, in_features)
 tc_decode_swiglu_kernel = ByAlignment(_swiglu_kernel, in_features)
 tc_decode_qkv_rope_kernel = ByAlignment(_qkv_rope_kernel, in_features)

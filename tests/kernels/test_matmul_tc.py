@@ -85,6 +85,46 @@ def test_the_gpu_tile_geometry_in_the_simulator(rng, monkeypatch):
     assert rel_err(got, expected) < FP16_TOL
 
 
+def pipelined(monkeypatch, geometry=None):
+    """Run the tile as ``BLINK_EDU_TILE_STAGES=3`` builds it (``tc_matmul_pipelined``), with the
+    block ``geometry`` given or the module's: in the simulator the module's constants are read as
+    the kernel runs."""
+    g = geometry or matmul_tc.GEOMETRY
+    for name, value in g._asdict().items():
+        monkeypatch.setattr(matmul_tc, name, value)
+    monkeypatch.setattr(matmul_tc, "STAGES", 3)
+    monkeypatch.setattr(matmul_tc, "LOADS", g.A_LOADS + g.B_LOADS)
+    monkeypatch.setattr(matmul_tc, "A32_STRIDE", g.BK + 8)
+    monkeypatch.setattr(matmul_tc, "A32_TILE", 3 * g.BM * (g.BK + 8))
+    monkeypatch.setattr(matmul_tc, "B_STAGES_TILE", 3 * g.BN * g.STRIDE)
+
+
+# Ragged shapes again; (BM + 3, 4 k steps + 8, BN + 1): more k steps than stages, so that the
+# three buffers wrap around, two row tiles and two column tiles looped by one block.
+@pytest.mark.parametrize("R,I,O", [(5, 24, 9), (20, 18, 9), (BM + 3, 4 * BK + 8, BN + 1)])
+@pytest.mark.parametrize("steps", [None, 1, 2])
+def test_the_pipelined_tile_matches_the_reference(rng, monkeypatch, R, I, O, steps):
+    pipelined(monkeypatch)
+    got, expected = run_case(rng, R, I, O, "norm+bias+residual", steps_per_split=steps)
+    assert np.isfinite(got).all()
+    assert rel_err(got, expected) < FP16_TOL
+
+
+def test_the_pipelined_tile_with_the_gpu_geometry(rng, monkeypatch):
+    """Four warps over 64 x 64 in 32-wide k steps, as a GPU builds it with three stages."""
+    gpu = tile_geometry(128, 32)
+    pipelined(monkeypatch, gpu)
+    R, I, O = WM + 5, 4 * gpu.BK + 8, gpu.BN + WN // 2  # both warp rows, 2 column tiles, 5 k steps
+    got, expected = run_case(rng, R, I, O, "plain")
+    assert rel_err(got, expected) < FP16_TOL
+
+
+def test_tile_stages_are_checked():
+    assert matmul_tc.tile_stages(None) == 1 and matmul_tc.tile_stages("3") == 3
+    with pytest.raises(ValueError, match="1 or 3"):
+        matmul_tc.tile_stages("2")
+
+
 def test_split_k_fills_the_gpu_but_keeps_some_steps_per_item():
     """A decode batch's few tiles are split along k until they cover the multiprocessors, never
     below MIN_STEPS_PER_SPLIT steps an item; enough tiles are not split at all."""
