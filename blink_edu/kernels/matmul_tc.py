@@ -479,6 +479,13 @@ def mma_k16(a_tile, b_tile, a_at, b_at, acc, afrag, bfrag):
     for mi in range(MI):
         afrag[mi, 0], afrag[mi, 1], afrag[mi, 2], afrag[mi, 3] = ldmatrix_x4(
             a_tile, a_at + uint32(mi * 16 * STRIDE))
+    b_fragments_and_mma(b_tile, b_at, acc, afrag, bfrag)
+
+
+@cuda.jit(device=True, inline=True)
+def b_fragments_and_mma(b_tile, b_at, acc, afrag, bfrag):
+    """The rest of a k slice once the A fragments are in ``afrag``: the B fragments of the NI
+    column tiles, one ``ldmatrix_x4`` a pair (this lane's row at ``b_at``), then MI x NI mma."""
     for pair in range(NI // 2):
         bfrag[2 * pair, 0], bfrag[2 * pair, 1], bfrag[2 * pair + 1, 0], bfrag[2 * pair + 1, 1] = (
             ldmatrix_x4(b_tile, b_at + uint32(pair * 16 * STRIDE)))
@@ -572,15 +579,19 @@ def add_rows(out, r0, o0, acc, norm_w, row_scale, bias, accumulate, shared, full
     if shared:
         return
     if accumulate:  # the residual: every load issued before any store
-        for mi in range(MI):
-            for half in range(2):
-                r = r0 + m0 + mi * 16 + half * 8 + g
-                if r < R:
-                    for ni in range(NI):
-                        for c in range(2):
-                            o = uint32(o0 + n0 + ni * 8 + 2 * t + c)
-                            if full or o < O:
-                                acc[mi, ni, 2 * half + c] += out[r, o]
+        whole_tile_pass(out, r0, o0, acc, True, full)
+    whole_tile_pass(out, r0, o0, acc, False, full)
+
+
+@cuda.jit(device=True, inline=True)
+def whole_tile_pass(out, r0, o0, acc, load, full):
+    """One pass over this lane's outputs of a tile its block writes whole: with ``load`` (a
+    constant) each accumulator gets the residual already in ``out`` added, else it is stored
+    into ``out``; nothing past the last row, or column unless the tile is ``full``."""
+    warp, lane = cuda.threadIdx.x // WARP, cuda.threadIdx.x % WARP
+    g, t = lane // 4, lane % 4
+    m0, n0 = (warp // WARPS_N) * WM, (warp % WARPS_N) * WN
+    R, O = out.shape
     for mi in range(MI):
         for half in range(2):
             r = r0 + m0 + mi * 16 + half * 8 + g
@@ -589,7 +600,10 @@ def add_rows(out, r0, o0, acc, norm_w, row_scale, bias, accumulate, shared, full
                     for c in range(2):
                         o = uint32(o0 + n0 + ni * 8 + 2 * t + c)
                         if full or o < O:
-                            out[r, o] = acc[mi, ni, 2 * half + c]
+                            if load:
+                                acc[mi, ni, 2 * half + c] += out[r, o]
+                            else:
+                                out[r, o] = acc[mi, ni, 2 * half + c]
 
 
 @cuda.jit(device=True, inline=True)
@@ -606,6 +620,50 @@ def add_tile(out, r0, o0, acc, norm_w, row_scale, bias, accumulate, shared):
         add_rows(out, r0, o0, acc, norm_w, row_scale, bias, accumulate, False, False)
 
 
+def tile_counts(R, O, I, steps_per_split):
+    """(row tiles, tiles, k steps, splits of the k steps) of ``out (R, O)`` over I inputs: the
+    work items are tiles x splits (``tc_work_items``)."""
+    m_tiles = (R + BM - 1) // BM
+    k_steps = (I + BK - 1) // BK
+    return (m_tiles, m_tiles * ((O + BN - 1) // BN), k_steps,
+            (k_steps + steps_per_split - 1) // steps_per_split)
+
+
+tile_counts_device = cuda.jit(device=True)(tile_counts)
+
+
+@cuda.jit(device=True, inline=True)
+def work_item(item, tiles, m_tiles, steps_per_split, k_steps):
+    """(r0, o0, k_first, k_end): the first row and column of work item ``item``'s tile and its
+    range of k steps. Consecutive items share a weight tile: blocks running together read it
+    from HBM once."""
+    tile, split = item % tiles, item // tiles
+    k_first = split * steps_per_split
+    return ((tile % m_tiles) * BM, (tile // m_tiles) * BN, k_first,
+            min(k_steps, k_first + steps_per_split))
+
+
+@cuda.jit(device=True, inline=True)
+def start_item(x_rows, I, O, r0, o0, rows, at, acc):
+    """Before a work item's first k step: this thread's loads — ``rows`` (LOADS,) the x row,
+    then the w row, of each; ``at`` their flat offsets at k step 0, so that a step's address is
+    one addition away — and zero accumulators ``acc`` (MI, NI, 4). A row past R or O reads a
+    real one instead (its outputs are never stored): no test on the way, and only the column is
+    checked, once a step."""
+    tid = cuda.threadIdx.x
+    R = x_rows.shape[0]
+    for j in range(A_LOADS):
+        rows[j] = x_rows[min(r0 + tid // A_QUADS + j * A_ROWS, R - 1)]
+        at[j] = uint32(rows[j] * I + QUAD * (tid % A_QUADS))
+    for j in range(B_LOADS):
+        rows[A_LOADS + j] = min(o0 + tid // B_QUADS + j * B_ROWS, O - 1)
+        at[A_LOADS + j] = uint32(rows[A_LOADS + j] * (I // 2) + QUAD * (tid % B_QUADS))
+    for mi in range(MI):
+        for ni in range(NI):
+            for q in range(4):
+                acc[mi, ni, q] = 0
+
+
 @cuda.jit(device=True, inline=True)
 def tc_matmul(x, x_rows, norm_w, w, bias, row_scale, out, accumulate, steps_per_split, wide,
               block, n_blocks):
@@ -618,7 +676,6 @@ def tc_matmul(x, x_rows, norm_w, w, bias, row_scale, out, accumulate, steps_per_
     or (0,); ``wide``: I % 8 == 0, every row 16-byte aligned (a constant of each build of
     ``tc_matmul_kernel``). A work item is one BM x BN tile of ``out`` over ``steps_per_split``
     k steps of BK. Every thread of the block must call it."""
-    tid = cuda.threadIdx.x
     R = x_rows.shape[0]
     O, I = w.shape
     w2 = fp16_pairs(w)  # (O, I // 2) uint32: word j of row o = w[o, 2j] (low half), w[o, 2j+1]
@@ -631,28 +688,10 @@ def tc_matmul(x, x_rows, norm_w, w, bias, row_scale, out, accumulate, steps_per_
     wb = cuda.local.array(B_WORDS, uint32)  # (B_WORDS,) staged weight pairs
     rows = cuda.local.array(LOADS, int32)  # (A_LOADS + B_LOADS,) the row of each load
     at = cuda.local.array(LOADS, uint32)  # (A_LOADS + B_LOADS,) its flat offset at k step 0
-    m_tiles = (R + BM - 1) // BM
-    tiles = m_tiles * ((O + BN - 1) // BN)
-    k_steps = (I + BK - 1) // BK
-    splits = (k_steps + steps_per_split - 1) // steps_per_split
+    m_tiles, tiles, k_steps, splits = tile_counts_device(R, O, I, steps_per_split)
     for item in range(block, tiles * splits, n_blocks):
-        # Consecutive items share a weight tile: blocks running together read it from HBM once.
-        tile, split = item % tiles, item // tiles
-        r0, o0 = (tile % m_tiles) * BM, (tile // m_tiles) * BN
-        k_first = split * steps_per_split
-        k_end = min(k_steps, k_first + steps_per_split)
-        # A row past R or O reads a real one instead (its outputs are never stored): no test on
-        # the way, and only the column is checked, once a step.
-        for j in range(A_LOADS):
-            rows[j] = x_rows[min(r0 + tid // A_QUADS + j * A_ROWS, R - 1)]
-            at[j] = uint32(rows[j] * I + QUAD * (tid % A_QUADS))
-        for j in range(B_LOADS):
-            rows[A_LOADS + j] = min(o0 + tid // B_QUADS + j * B_ROWS, O - 1)
-            at[A_LOADS + j] = uint32(rows[A_LOADS + j] * (I // 2) + QUAD * (tid % B_QUADS))
-        for mi in range(MI):
-            for ni in range(NI):
-                for q in range(4):
-                    acc[mi, ni, q] = 0
+        r0, o0, k_first, k_end = work_item(item, tiles, m_tiles, steps_per_split, k_steps)
+        start_item(x_rows, I, O, r0, o0, rows, at, acc)
         load_step(x, w2, rows, at, k_first, wide, xa, wb)
         store_step(xa, wb, norm_w, k_first, wide, a_tile, b_tile, 0)
         cuda.syncthreads()
@@ -736,15 +775,7 @@ def mma_step_fp32(a32, b_tile, stage, kt, norm_w, acc, afrag, bfrag):
             afrag[mi, 1] = pack_half2(a32[row_g8] * g0, a32[row_g8 + uint32(1)] * g1)
             afrag[mi, 2] = pack_half2(a32[row_g + uint32(8)] * g2, a32[row_g + uint32(9)] * g3)
             afrag[mi, 3] = pack_half2(a32[row_g8 + uint32(8)] * g2, a32[row_g8 + uint32(9)] * g3)
-        for pair in range(NI // 2):
-            bfrag[2 * pair, 0], bfrag[2 * pair, 1], bfrag[2 * pair + 1, 0], bfrag[2 * pair + 1, 1] = (
-                ldmatrix_x4(b_tile, b_at + uint32(pair * 16 * STRIDE + ks * 8)))
-        for mi in range(MI):
-            for ni in range(NI):
-                d = mma_m16n8k16(afrag[mi, 0], afrag[mi, 1], afrag[mi, 2], afrag[mi, 3],
-                                 bfrag[ni, 0], bfrag[ni, 1],
-                                 acc[mi, ni, 0], acc[mi, ni, 1], acc[mi, ni, 2], acc[mi, ni, 3])
-                acc[mi, ni, 0], acc[mi, ni, 1], acc[mi, ni, 2], acc[mi, ni, 3] = d
+        b_fragments_and_mma(b_tile, b_at + uint32(ks * 8), acc, afrag, bfrag)
 
 
 @cuda.jit(device=True, inline=True)
@@ -752,7 +783,6 @@ def tc_matmul_pipelined(x, x_rows, norm_w, w, bias, row_scale, out, accumulate, 
                         wide, block, n_blocks):
     """``tc_matmul``'s contract and work items, its k steps copied by ``cp.async`` into STAGES
     shared buffers (the section above). Every thread of the block must call it."""
-    tid = cuda.threadIdx.x
     R = x_rows.shape[0]
     O, I = w.shape
     w2 = fp16_pairs(w)  # (O, I // 2) uint32
@@ -761,26 +791,12 @@ def tc_matmul_pipelined(x, x_rows, norm_w, w, bias, row_scale, out, accumulate, 
     acc = cuda.local.array(ACC_SHAPE, float32)  # (MI, NI, 4) this lane's outputs
     afrag = cuda.local.array(A_FRAG, uint32)  # (MI, 4)
     bfrag = cuda.local.array(B_FRAG, uint32)  # (NI, 2)
-    at = cuda.local.array(LOADS, uint32)  # (A_LOADS + B_LOADS,) each copy's flat offset at step 0
-    m_tiles = (R + BM - 1) // BM
-    tiles = m_tiles * ((O + BN - 1) // BN)
-    k_steps = (I + BK - 1) // BK
-    splits = (k_steps + steps_per_split - 1) // steps_per_split
+    rows = cuda.local.array(LOADS, int32)  # (A_LOADS + B_LOADS,) the row of each copy
+    at = cuda.local.array(LOADS, uint32)  # (A_LOADS + B_LOADS,) its flat offset at k step 0
+    m_tiles, tiles, k_steps, splits = tile_counts_device(R, O, I, steps_per_split)
     for item in range(block, tiles * splits, n_blocks):
-        tile, split = item % tiles, item // tiles
-        r0, o0 = (tile % m_tiles) * BM, (tile // m_tiles) * BN
-        k_first = split * steps_per_split
-        k_end = min(k_steps, k_first + steps_per_split)
-        for j in range(A_LOADS):  # rows past R or O read a real one (their outputs are dropped)
-            at[j] = uint32(x_rows[min(r0 + tid // A_QUADS + j * A_ROWS, R - 1)] * I
-                           + QUAD * (tid % A_QUADS))
-        for j in range(B_LOADS):
-            at[A_LOADS + j] = uint32(min(o0 + tid // B_QUADS + j * B_ROWS, O - 1) * (I // 2)
-                                     + QUAD * (tid % B_QUADS))
-        for mi in range(MI):
-            for ni in range(NI):
-                for q in range(4):
-                    acc[mi, ni, q] = 0
+        r0, o0, k_first, k_end = work_item(item, tiles, m_tiles, steps_per_split, k_steps)
+        start_item(x_rows, I, O, r0, o0, rows, at, acc)
         for s in range(STAGES - 1):  # the first steps' copies, one group each (empty past k_end)
             if k_first + s < k_end:
                 issue_step(x, w2, at, k_first + s, wide, a32, b_tile, s)
@@ -853,8 +869,8 @@ tc_matmul_kernel = ByAlignment(tile_kernel, lambda x, x_rows, norm_w, w, *rest: 
 
 def tc_work_items(R: int, O: int, I: int, steps_per_split: int) -> int:
     """Work items of ``tc_matmul``: BM x BN tiles of ``out``, times the splits of its k steps."""
-    k_steps = -(-I // BK)
-    return -(-R // BM) * -(-O // BN) * -(-k_steps // steps_per_split)
+    _, tiles, _, splits = tile_counts(R, O, I, steps_per_split)
+    return tiles * splits
 
 
 # Fewest k steps a work item takes when the k range is split (measured on the H200:
