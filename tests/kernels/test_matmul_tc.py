@@ -3,6 +3,11 @@ on tiny ragged shapes (CI), on a GPU the real ``mma.sync`` at the 135M model's s
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+from pathlib import Path
+
 import numpy as np
 import pytest
 
@@ -227,3 +232,17 @@ def test_tc_matmul_at_the_135m_shapes_on_the_gpu(rng, R, name, fused):
     num_sms = cuda.get_current_device().MULTIPROCESSOR_COUNT
     got, expected = run_case(rng, R, I, O, fused, num_sms=num_sms)
     assert rel_err(got, expected) < FP16_TOL
+
+
+@pytest.mark.gpu
+def test_the_pipelined_tile_at_the_135m_shapes_on_the_gpu():
+    """The real ``cp.async`` tile (``BLINK_EDU_TILE_STAGES=3``, read when the module is imported,
+    so in a process of its own): ``tc_matmul_probe --once`` checks every 135M shape at 64, 512 and
+    77 tokens against the float64 reference and exits 1 on an error of 1e-2 or more."""
+    root = Path(__file__).resolve().parents[2]
+    env = dict(os.environ, BLINK_EDU_TILE_STAGES="3")
+    run = subprocess.run([sys.executable, str(root / "tools" / "tc_matmul_probe.py"), "--once",
+                          "--rows", "64", "512", "77"], env=env, capture_output=True, text=True,
+                         timeout=600)
+    assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-2000:]
+    assert "k step 32" in run.stdout  # the pipelined tile's geometry, not the default's
