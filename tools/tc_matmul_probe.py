@@ -174,14 +174,30 @@ def main(argv=None) -> int:
     rows = []
     if args.warp_tile:  # before the first launch compiles the kernel with the module's constants
         mi, ni = args.warp_tile
+        if mi < 1 or ni < 2 or ni % 2:
+            parser.error(f"--warp-tile {mi} {ni}: MI >= 1 and an even NI >= 2 (B fragments load "
+                         "by pairs of column tiles)")
         matmul_tc.MI, matmul_tc.NI, matmul_tc.WM, matmul_tc.WN = mi, ni, 16 * mi, 8 * ni
         matmul_tc.ACC_SHAPE, matmul_tc.A_FRAG, matmul_tc.B_FRAG = (mi, ni, 4), (mi, 4), (ni, 2)
     if args.bk or args.warp_tile:
-        geometry = tile_geometry(THREADS, args.bk or matmul_tc.BK)
+        try:
+            geometry = tile_geometry(THREADS, args.bk or matmul_tc.BK)
+        except AssertionError:
+            parser.error(f"this block tile cannot be staged by {THREADS} threads in k steps of "
+                         f"{args.bk or matmul_tc.BK}")
         for name, value in geometry._asdict().items():
             setattr(matmul_tc, name, value)
         matmul_tc.A_VALUES, matmul_tc.B_WORDS = QUAD * geometry.A_LOADS, QUAD * geometry.B_LOADS
         matmul_tc.LOADS = geometry.A_LOADS + geometry.B_LOADS
+        stages = matmul_tc.STAGES  # the pipelined tile's buffers follow the geometry too
+        matmul_tc.A32_STRIDE = geometry.BK + 8
+        matmul_tc.A32_TILE = stages * geometry.BM * matmul_tc.A32_STRIDE
+        matmul_tc.B_STAGES_TILE = stages * geometry.BN * geometry.STRIDE
+        shared = 4 * (matmul_tc.A32_TILE + matmul_tc.B_STAGES_TILE if stages > 1
+                      else geometry.A_TILE + geometry.B_TILE)
+        if shared > 48 * 1024:
+            parser.error(f"this tile needs {shared / 1024:.0f} KB of shared memory a block, over "
+                         "the 48 KB of a static allocation: take a smaller tile or --bk 32")
     if args.decode_mt:  # before the first launch compiles the kernels
         mt = args.decode_mt
         matmul_tc_decode.MT, matmul_tc_decode.ROWS = mt, 16 * mt

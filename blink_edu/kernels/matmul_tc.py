@@ -162,7 +162,7 @@ def tile_stages(value: str | None) -> int:
     1 by default — the loads of the next k step staged through registers into the second of two
     buffers (``tc_matmul``) — or 3, the experiment of ``tc_matmul_pipelined``: ``cp.async``
     copies straight into three buffers, two k steps in flight while the third is multiplied
-    (``tools/compile_check.py`` for sm_90: 122 registers and 46 KB of shared memory a block,
+    (``tools/compile_check.py`` for sm_90: 124 registers and 46 KB of shared memory a block,
     against 166 and 36 KB; SASS: ``LDGSTS.128`` copies, ``LDS.64`` fragments of A)."""
     stages = int(value or 1)
     if stages not in (1, 3):
@@ -884,15 +884,14 @@ def tc_steps_per_split(R: int, O: int, I: int, num_sms: int) -> int:
     that a decode batch's few tiles do not leave most of the GPU idle while each block walks k
     one memory latency a step — but never below MIN_STEPS_PER_SPLIT, since every split adds its
     whole tile to ``out`` with atomics."""
-    k_steps = -(-I // BK)
-    tiles = -(-R // BM) * -(-O // BN)
+    _, tiles, k_steps, _ = tile_counts(R, O, I, 1)
     splits = max(1, min(k_steps, -(-num_sms // tiles)))
     return max(min(k_steps, MIN_STEPS_PER_SPLIT), -(-k_steps // splits))
 
 
 def is_split(I: int, steps_per_split: int) -> bool:
     """Whether the k range is split among blocks (their partial tiles added onto ``out``)."""
-    return -(-I // BK) > steps_per_split
+    return tile_counts(1, 1, I, steps_per_split)[3] > 1
 
 
 def needs_prologue(norm_w, bias, accumulate, split) -> bool:
