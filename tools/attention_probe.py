@@ -2,7 +2,7 @@
 the SmolLM2-135M shape (9 query / 3 KV heads of 64), inside a CUDA graph.
 
     python tools/attention_probe.py [--tokens 128 512 2048] [--chunks 16 32 64] [--replays 20] [--json F]
-    python tools/attention_probe.py --decode [--batches 1 8 64] [--contexts 48 512]
+    python tools/attention_probe.py --decode [--batches 1 8 64] [--contexts 48 512] [--spans 0 64 128]
     ncu -k regex:paged_attention --section ... python tools/attention_probe.py --once --tokens 512
 
 For each prompt length P (a whole prompt in one step, positions 0..P-1, KV in scattered blocks of
@@ -11,9 +11,9 @@ q, k, v and the probabilities to fp16), then times ``--replays`` launches of eac
 CuPy graph (a launch from Python costs ~55 µs, more than a short prompt's attention).
 ``--chunks``: the tile's KV positions a chunk (``BLINK_EDU_ATTENTION_CHUNK``, a compile-time
 constant; the default is what the executors run), each value timed in a process of its own.
-``--decode``: decode batches instead (one token a sequence, contexts ``--contexts``) on the
-per-token paths (``attention_decode.attend_group``: a (token, KV head) a block), each against the
-NumPy reference. Prints the table; with
+``--decode``: decode batches instead (one token a sequence, contexts ``--contexts``), the
+per-token path built with each of ``--spans`` (``BLINK_EDU_DECODE_SPAN``: the fewest positions a
+split walks; 0, never split), each against the NumPy reference. Prints the table; with
 ``--json`` writes it with the machine and the commit (``BLINK_EDU_COMMIT``).
 """
 
@@ -104,9 +104,8 @@ def probe_decode(batch: int, context: int, replays: int, rng) -> dict:
     us = time_in_graph(launch, replays, runs=5)
     expected = ref.paged_attention(q, positions, seq_rows, pool, 7, tables).reshape(batch, -1)
     got = out.copy_to_host()
-    pairs = attention.decode_pairs(batch, H, K, E)
-    return {"pairs": pairs, "splits": attention.attention_splits(pairs), "batch": batch,
-            "context": context, "us": us,
+    return {"span": attention.span_from_environment(os.environ.get("BLINK_EDU_DECODE_SPAN")),
+            "splits": attention.attention_splits(batch * H), "batch": batch, "context": context, "us": us,
             "rel_err": float(np.linalg.norm(got - expected) / np.linalg.norm(expected))}
 
 
@@ -139,9 +138,9 @@ def rows_in_children(args, variable: str, values: list, own_rows) -> list[dict]:
 def print_rows(rows: list[dict], decode: bool) -> bool:
     """The table; whether every row agrees with its reference."""
     if decode:
-        print(f"{'pairs':>5s} {'splits':>6s} {'batch':>6s} {'context':>8s} {'µs':>8s} {'rel err':>9s}")
+        print(f"{'span':>5s} {'splits':>6s} {'batch':>6s} {'context':>8s} {'µs':>8s} {'rel err':>9s}")
         for r in rows:
-            print(f"{r['pairs']:5d} {r['splits']:6d} {r['batch']:6d} {r['context']:8d} {r['us']:8.1f} "
+            print(f"{r['span']:5d} {r['splits']:6d} {r['batch']:6d} {r['context']:8d} {r['us']:8.1f} "
                   f"{r['rel_err']:9.1e}")
         return all(r["rel_err"] < 1e-4 for r in rows)
     print(f"{'chunk':>5s} {'tokens':>7s} {'per-token µs':>13s} {'tile µs':>9s} {'speedup':>8s} "
@@ -158,7 +157,8 @@ def main() -> int:
     parser.add_argument("--chunks", type=int, nargs="+",
                         default=[attention_tc.chunk_positions(None)])  # the default: what runs
     parser.add_argument("--decode", action="store_true",
-                        help="decode batches instead: the per-token paths")
+                        help="decode batches instead: the per-token path at each of --spans")
+    parser.add_argument("--spans", type=int, nargs="+", default=[0, 64, 128])
     parser.add_argument("--batches", type=int, nargs="+", default=[1, 8, 64])
     parser.add_argument("--contexts", type=int, nargs="+", default=[48, 512])
     parser.add_argument("--replays", type=int, default=20)
@@ -173,7 +173,8 @@ def main() -> int:
         print(f"chunk {attention_tc.KC}, {row['tokens']} tokens: rel diff {row['rel_diff']:.1e}")
         return 0 if row["rel_diff"] < 1e-2 else 1
     if args.decode:
-        rows = [probe_decode(b, c, args.replays, rng) for c in args.contexts for b in args.batches]
+        rows = rows_in_children(args, "BLINK_EDU_DECODE_SPAN", args.spans, lambda: [
+            probe_decode(b, c, args.replays, rng) for c in args.contexts for b in args.batches])
     else:
         rows = rows_in_children(args, "BLINK_EDU_ATTENTION_CHUNK", args.chunks, lambda: [
             {**probe(P, args.replays, rng), "chunk": attention_tc.KC} for P in args.tokens])

@@ -1,19 +1,10 @@
 """Paged attention over a ragged flat batch: every token attends to its own sequence's past.
 
-``paged_attention`` gives each work item one of three paths:
-
-* a tile of a prompt chunk's tokens on an fp16 model: the tensor-core tile of ``attention_tc.py``
-  (one work item a KV head and a tile of the chunk's tokens, each key read once a tile);
-* a decode token: ``attention_decode.attend_group``, one (token, KV head) a block, the query
-  heads of the group served from each key and value it reads;
-* heads that path does not take (a head size that does not divide 128, more than
-  ``MAX_GROUP`` query heads a KV head): ``attend_token`` below, one (token, query head) a block.
-
-Both per-token paths split a pair over several blocks when the step has few of them
-(flash-decoding, Dao et al. 2023; ``attention_decode``: ``attention_splits``, ``span_of``), so
-that a batch-1 step does not leave most SMs idle. ``attend_token``'s block walks its span —
-positions of the token's sequence, found through the block table — in chunks of ``THREADS``
-positions:
+A work item is one (token, query head) — or, when the batch has few of them, one *split* of a
+(token, head): its context cut into spans walked by different blocks at once (flash-decoding,
+Dao et al. 2023), so that a batch-1 step does not leave all but nine SMs idle. A block walks its
+span — positions of the token's sequence, found through the block table — in chunks of
+``THREADS`` positions:
 
 1. each thread scores one position: ``s = q . k / sqrt(E)`` (the key read from its paged slot,
    eight dimensions a load — ``loads.py`` — all issued before the first is used), and writes
@@ -30,24 +21,29 @@ positions:
    a division and a dependent global load less a position.
 
 At the end the groups' partial sums are added: ``out = acc / l`` when the span was the whole
-context; a split leaves ``(acc, m, l)`` in ``partials`` for the last split to arrive to merge
-(``merge_splits``). Both inner loops issue ``UNROLL`` loads before using any (see ``linear.py``:
-decode is latency-bound). Grouped-query attention: query head ``h`` reads kv head
-``h // (H / K)``. Causality needs no mask: a token only walks positions ``<= p``, and this step's
-keys were written (``rope.py``) before this kernel runs.
+context. A split instead leaves ``(acc, m, l)`` in ``partials`` and counts itself in
+``arrivals``; the split that arrives last merges them — ``M = max m_s``,
+``out = sum_s exp(m_s - M) acc_s / sum_s exp(m_s - M) l_s`` — and resets the count, so no second
+kernel and no barrier are needed (the "last block" pattern of CUDA's threadFenceReduction sample).
+Both inner loops issue ``UNROLL`` loads before using any (see ``linear.py``: decode is
+latency-bound). Grouped-query attention: query head ``h`` reads kv head ``h // (H / K)``.
+Causality needs no mask: a token only walks positions ``<= p``, and this step's keys were
+written (``rope.py``) before this kernel runs.
+
+A prompt chunk on an fp16 model takes the tensor-core tile of ``attention_tc.py`` instead — one
+work item a KV head and a tile of the chunk's tokens, each key read once a tile rather than once
+a token; ``paged_attention`` picks per tile.
 """
 
 from __future__ import annotations
 
 import math
+import os
 
 import numpy as np
 from numba import float32
 
 from . import loads
-from .attention_decode import (attend_group, attention_scratch, attention_splits,
-                               attention_splits_device, last_to_arrive, merged_rows,
-                               span_of_device, takes_group, takes_group_device)
 from .attention_tc import (ROWS, WORKSPACE_WORDS, attend_tile, one_sequence, tc_attention_tiles,
                            tc_attention_tiles_device)
 from .loads import VEC, load8_at
@@ -63,9 +59,53 @@ SCALAR_WORDS = MAX_HEAD_DIM + 4 * THREADS + PARTS
 # One shared allocation serves both paths (the persistent kernel's shared memory is the sum of
 # every op's): 32-bit words, seen as float32 by attend_token and as fp16 pairs by the tile.
 WORKSPACE = max(SCALAR_WORDS, WORKSPACE_WORDS)
-# what the executors and the chapters take from here (the splits' scratch lives with the splits)
-__all__ = ["attention_kernel", "attention_scratch", "attention_splits", "attention_work_items",
-           "decode_pairs", "paged_attention", "uses_attention_tiles"]
+
+
+def span_from_environment(value: str | None) -> int:
+    """The fewest KV positions a split walks, from ``BLINK_EDU_DECODE_SPAN`` (read once, at
+    import; a compile-time constant, so that ``tools/attention_probe.py --decode`` can time
+    several side by side). 0: never split."""
+    span = int(value) if value and value.strip().isdigit() else (-1 if value else THREADS)
+    if span < 0 or span % 32:
+        raise ValueError(f"BLINK_EDU_DECODE_SPAN must be 0 or a multiple of 32, got {value!r}")
+    return span
+
+
+SPAN = span_from_environment(os.environ.get("BLINK_EDU_DECODE_SPAN")) or 1 << 30  # 0: no split
+SPLIT_BLOCKS = 264  # split the (token, head) pairs while they are fewer than half this: 2 an H200 SM
+MAX_SPLITS = 16  # splits of one (token, head), at most
+
+
+def attention_splits(pairs):
+    """Blocks each of ``pairs`` (token, head) pairs is split over: enough to give ~SPLIT_BLOCKS
+    blocks work, and 1 when the pairs alone are many. ``pairs * splits <= SPLIT_BLOCKS`` whenever
+    splits > 1: the rows ``partials`` needs."""
+    if SPAN >= 1 << 30 or 2 * pairs > SPLIT_BLOCKS:
+        return 1
+    return min(MAX_SPLITS, SPLIT_BLOCKS // max(pairs, 1))
+
+
+attention_splits_device = cuda.jit(device=True, inline=True)(attention_splits)
+
+
+def span_of(context, splits):
+    """Positions each split of a ``context``-long (token, head) walks: ``context / splits``
+    rounded up to a multiple of SPAN (so a short context stays in one split)."""
+    if splits == 1:
+        return context
+    quanta = -(-context // SPAN)  # SPAN-long pieces of the context
+    return -(-quanta // splits) * SPAN
+
+
+span_of_device = cuda.jit(device=True, inline=True)(span_of)
+
+
+def attention_scratch(head_dim: int):
+    """What the splits of ``paged_attention`` exchange: ``partials`` (SPLIT_BLOCKS, E + 2) f32,
+    a split's (acc, m, l), and ``arrivals`` (SPLIT_BLOCKS,) i32, the splits of a (token, head)
+    done so far (zeros: the merging split resets its count)."""
+    return (cuda.device_array((SPLIT_BLOCKS, head_dim + 2), np.float32),
+            cuda.to_device(np.zeros(SPLIT_BLOCKS, np.int32)))
 
 
 @cuda.jit(device=True, inline=True)
@@ -206,28 +246,42 @@ def merge_splits(t, h, pair, split, splits, used, m, total, out, partials, arriv
     """Leave this split's m and l beside its acc in ``partials`` (row ``pair * splits + split``);
     the last of the ``used`` splits of (t, h) to arrive adds them all up into ``out``. Every
     thread of the block must call it."""
+    tid = cuda.threadIdx.x
     E = partials.shape[1] - 2
     first = pair * splits  # the pair's rows of ``partials``
-    if cuda.threadIdx.x == 0:
+    if tid == 0:
         partials[first + split, E] = m
         partials[first + split, E + 1] = total
-    if last_to_arrive(arrivals, pair, used, scratch):
-        for e in range(cuda.threadIdx.x, E, THREADS):
-            out[t, h * E + e] = merged_rows(partials, first, 1, used, e)
-
-
-def decode_pairs(num_tokens, num_heads, num_kv_heads, head_dim):
-    """Work items of the per-token paths before splitting: a (token, KV head) pair each where
-    ``attend_group`` takes the heads, else a (token, query head) each (``attend_token``)."""
-    grouped = takes_group(head_dim, num_heads // num_kv_heads, WORKSPACE)
-    return num_tokens * (num_kv_heads if grouped else num_heads)
+    cuda.threadfence()  # this block's partials reach L2 before its arrival is counted
+    cuda.syncthreads()
+    if tid == 0:
+        arrived = cuda.atomic.add(arrivals, pair, 1)
+        last = arrived == used - 1
+        if last:
+            arrivals[pair] = 0  # ready for the next layer (after a kernel or grid barrier)
+        scratch[0] = float32(1) if last else float32(0)
+    cuda.syncthreads()
+    if scratch[0] == 0:
+        return
+    # the last split: read every split's partials through L2 (an atomic add of 0: another SM's
+    # writes, which this SM's L1 may hold an older copy of from an earlier layer)
+    top = NEG_INF
+    for s in range(used):
+        top = max(top, cuda.atomic.add(partials, (first + s, E), float32(0)))
+    for e in range(tid, E, THREADS):
+        num, den = float32(0), float32(0)
+        for s in range(used):
+            f = math.exp(cuda.atomic.add(partials, (first + s, E), float32(0)) - top)
+            num += f * cuda.atomic.add(partials, (first + s, e), float32(0))
+            den += f * cuda.atomic.add(partials, (first + s, E + 1), float32(0))
+        out[t, h * E + e] = num / den
 
 
 def attention_work_items(num_tokens, num_heads, num_kv_heads, head_dim, tensor_cores):
     """Work items of ``paged_attention`` (to size the grid): a tile a KV head where
-    ``tensor_cores``, then the splits of the per-token paths' pairs."""
+    ``tensor_cores``, then the splits of the (token, query head) pairs."""
     tiles = tc_attention_tiles(num_tokens, num_heads // num_kv_heads, head_dim) if tensor_cores else 0
-    pairs = decode_pairs(num_tokens, num_heads, num_kv_heads, head_dim)
+    pairs = num_tokens * num_heads
     return tiles * num_kv_heads + pairs * attention_splits(pairs)
 
 
@@ -238,16 +292,14 @@ def paged_attention(qkv, positions, seq_rows, block_tables, kv_pool, layer, num_
     Requires E <= THREADS, or E % 8 == 0 (with wide loads) and E <= MAX_HEAD_DIM. With
     ``tensor_cores`` (an fp16 model), a tile of consecutive tokens of one sequence — a prompt
     chunk — is one work item of ``attention_tc.attend_tile`` for a KV head; the tokens of the
-    other tiles (a decode batch: one token a sequence) take ``attend_group``, one split of a
-    (token, KV head) an item — or, for heads it does not take, ``attend_token``, one split of a
-    (token, query head). Items ``[0, tiles * K)`` are the tiles, the rest the splits.
+    other tiles (a decode batch: one token a sequence) take ``attend_token``, one split of a
+    (token, query head) an item. Items ``[0, tiles * K)`` are the tiles, the rest the splits.
     ``partials``, ``arrivals``: ``attention_scratch``."""
     T = qkv.shape[0]
-    E = kv_pool.shape[5]
     group = num_heads // num_kv_heads
     tiles = 0
     if tensor_cores:
-        tiles = tc_attention_tiles_device(T, group, E)
+        tiles = tc_attention_tiles_device(T, group, kv_pool.shape[5])
     per_tile = ROWS // group  # tokens a tile
     tile_items = tiles * num_kv_heads
     workspace = cuda.shared.array(WORKSPACE, float32)  # one allocation, every path's views
@@ -259,27 +311,21 @@ def paged_attention(qkv, positions, seq_rows, block_tables, kv_pool, layer, num_
             if one_sequence(positions, seq_rows, t0, n):
                 attend_tile(qkv, positions, seq_rows, block_tables, kv_pool, layer, group, kvh,
                             t0, n, out, workspace.view(np.uint32))
-    # the splits of the per-token pairs: items after the tiles, a pair's splits on consecutive
-    # blocks
-    grouped = takes_group_device(E, group, WORKSPACE)
-    heads = num_kv_heads if grouped else num_heads  # pairs a token
-    splits = attention_splits_device(T * heads)
+    # the splits of the (token, query head) pairs: items after the tiles, a split's items on
+    # consecutive blocks
+    splits = attention_splits_device(T * num_heads)
     first = (block - tile_items % n_blocks + n_blocks) % n_blocks  # the block after the tiles
-    for item in range(first, T * heads * splits, n_blocks):
+    for item in range(first, T * num_heads * splits, n_blocks):
         pair, split = item // splits, item % splits
-        t, h = pair // heads, pair % heads
+        t, h = pair // num_heads, pair % num_heads
         t0 = (t // per_tile) * per_tile
         if not tensor_cores or tiles == 0 or not one_sequence(positions, seq_rows, t0,
                                                              min(per_tile, T - t0)):
-            if grouped:  # h: a KV head
-                attend_group(qkv, positions, seq_rows, block_tables, kv_pool, layer, t, h, group,
-                             split, splits, out, partials, arrivals, workspace)
-            else:
-                attend_token(qkv, positions, seq_rows, block_tables, kv_pool, layer, t, h,
-                             num_heads, group, split, splits, out, partials, arrivals, workspace)
+            attend_token(qkv, positions, seq_rows, block_tables, kv_pool, layer, t, h, num_heads,
+                         group, split, splits, out, partials, arrivals, workspace)
 
 
-@kernel_for_blocks_per_sm(3)  # 168 registers: 396 blocks at once (a b64 step has 192 pairs)
+@kernel_for_blocks_per_sm(5)  # 96 registers: 660 blocks at once, a b64 step's 576 in one wave
 def paged_attention_kernel(qkv, positions, seq_rows, block_tables, kv_pool, layer, num_heads,
                            num_kv_heads, out, partials, arrivals):
     """``paged_attention`` of a decode step (no prompt tiles: a constant, so the tile is not even

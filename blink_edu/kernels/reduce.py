@@ -55,33 +55,22 @@ ZERO_I32 = int32(0)
 
 
 @cuda.jit(device=True, inline=True)
-def _shuffle_lanes_sum(value, stride, scratch):
-    """GPU form: butterfly exchanges at offsets 16, 8, ... stride (scratch unused)."""
+def warp_sum(value):
+    """The sum over the 32 lanes of a warp, in every lane (butterfly shuffles; GPU only)."""
     offset = WARP // 2
-    while offset >= stride:
+    while offset > 0:
         value += cuda.shfl_xor_sync(FULL_MASK, value, offset)
         offset //= 2
     return value
 
 
 @cuda.jit(device=True, inline=True)
-def _shuffle_lanes_max(value, stride, scratch):
+def warp_max(value):
     offset = WARP // 2
-    while offset >= stride:
+    while offset > 0:
         value = max(value, cuda.shfl_xor_sync(FULL_MASK, value, offset))
         offset //= 2
     return value
-
-
-@cuda.jit(device=True, inline=True)
-def warp_sum(value):
-    """The sum over the 32 lanes of a warp, in every lane (butterfly shuffles; GPU only)."""
-    return _shuffle_lanes_sum(value, 1, None)
-
-
-@cuda.jit(device=True, inline=True)
-def warp_max(value):
-    return _shuffle_lanes_max(value, 1, None)
 
 
 @cuda.jit(device=True, inline=True)
@@ -245,41 +234,6 @@ def _serial_quad_sum(value):
     return (v0 + v1) + (v2 + v3)
 
 
-@cuda.jit(device=True, inline=True)
-def _serial_lanes_sum(value, stride, scratch):
-    """Simulator form (a block is one warp): through ``scratch`` (32 words), two barriers."""
-    lane = cuda.threadIdx.x
-    scratch[lane] = value
-    cuda.syncthreads()
-    total = float32(0)
-    for j in range(lane % stride, WARP, stride):
-        total += scratch[j]
-    cuda.syncthreads()
-    return total
-
-
-@cuda.jit(device=True, inline=True)
-def _serial_lanes_max(value, stride, scratch):
-    lane = cuda.threadIdx.x
-    scratch[lane] = value
-    cuda.syncthreads()
-    best = scratch[lane % stride]
-    for j in range(lane % stride + stride, WARP, stride):
-        best = max(best, scratch[j])
-    cuda.syncthreads()
-    return best
-
-
-@cuda.jit(device=True, inline=True)
-def _warp_sync():
-    cuda.syncwarp(FULL_MASK)
-
-
-@cuda.jit(device=True, inline=True)
-def _block_sync():
-    cuda.syncthreads()
-
-
 # block_sum(value, scratch) / block_max(value, scratch): the reduction over the block's threads,
 # every thread gets the result; scratch is a shared float32 (THREADS,).
 # block_argmax(value, index, values, indices): (max value, its lowest index).
@@ -294,13 +248,6 @@ block_exclusive_sum = _serial_exclusive_sum if SIMULATOR else _shuffle_exclusive
 # the lanes that hold one row of an mma fragment (``matmul_tc.py``); every lane gets the result.
 quad_sum = _serial_quad_sum if SIMULATOR else _shuffle_quad_sum
 quad_max = _serial_quad_max if SIMULATOR else _shuffle_quad_max
-# lanes_sum(value, stride, scratch) / lanes_max(...): over the lanes l' of this warp with
-# l' = l (mod stride), a power of two (1: the whole warp); every lane gets its result. The whole
-# warp must call it; scratch, a shared float32 (32,), is only used in the simulator, whose block
-# is one warp. warp_barrier(): the warp's shared-memory writes seen by all its lanes.
-lanes_sum = _serial_lanes_sum if SIMULATOR else _shuffle_lanes_sum
-lanes_max = _serial_lanes_max if SIMULATOR else _shuffle_lanes_max
-warp_barrier = _block_sync if SIMULATOR else _warp_sync
 
 
 NEG_INF = float32(-math.inf)

@@ -111,8 +111,7 @@ def test_the_tile_declines_other_head_sizes():
     assert tc_attention_tiles(100, 3, HEAD_DIM) == -(-100 // (ROWS // 3))
     assert tc_attention_tiles(100, 3, 128) == 0
     assert tc_attention_tiles(100, ROWS + 1, HEAD_DIM) == 0
-    assert attention_work_items(10, 4, 2, 32, True) == 10 * 2 * attention_splits(10 * 2)  # KV heads
-    assert attention_work_items(10, 4, 2, 12, True) == 10 * 4 * attention_splits(10 * 4)  # query
+    assert attention_work_items(10, 4, 2, 32, True) == 10 * 4 * attention_splits(10 * 4)
     # a host launches the kernel without the tile unless the step can use it
     assert attention_kernel(uses_attention_tiles(True, True, 2, 32)) is paged_attention_kernel
     assert attention_kernel(uses_attention_tiles(True, False, 3, HEAD_DIM)) is paged_attention_kernel

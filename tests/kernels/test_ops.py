@@ -8,7 +8,6 @@ import pytest
 from blink_edu.config import ModelConfig, SamplingParams
 from blink_edu.kernels import attention
 from blink_edu.kernels.attention import paged_attention_kernel
-from blink_edu.kernels.attention_decode import MAX_SPLITS, SPAN, SPLIT_BLOCKS, span_of
 from blink_edu.kernels.elementwise import embed_tokens_kernel, swiglu_kernel
 from blink_edu.kernels.linear import (GEMV_MAX_ROWS, linear_kernel, linear_work_items,
                                       uses_tensor_cores)
@@ -162,7 +161,7 @@ def test_paged_attention_over_a_ragged_batch(rng, heads, kv_heads, head_dim):
     assert int(tables.max()) >= 8, "the batch should span many KV blocks"
 
 
-@pytest.mark.parametrize("context", [1, SPAN, SPAN + 1, 5 * SPAN - 3])
+@pytest.mark.parametrize("context", [1, attention.SPAN, attention.SPAN + 1, 5 * attention.SPAN - 3])
 def test_split_contexts_merge_to_the_reference_and_leave_no_count(rng, context):
     """One decode token (few pairs: split over spans of SPAN positions, merged by the last split
     to arrive) — twice through the same scratch, as the layers of a step are — and a batch with
@@ -173,8 +172,8 @@ def test_split_contexts_merge_to_the_reference_and_leave_no_count(rng, context):
     positions, seq_rows = np.array([context - 1], np.int32), np.zeros(1, np.int32)
     (qkv, pool, layer), expected = attention_inputs(rng, positions, seq_rows, tables, H, K, E, B,
                                                     width + 3)
-    splits = attention.attention_splits(attention.decode_pairs(1, H, K, E))
-    assert splits > 1 and -(-context // span_of(context, splits)) <= splits
+    splits = attention.attention_splits(H)
+    assert splits > 1 and -(-context // attention.span_of(context, splits)) <= splits
     out, scratch = run_attention(qkv, positions, seq_rows, tables, pool, layer, H, K)
     assert rel_err(out, expected) < 1e-5
     again, scratch = run_attention(qkv, positions, seq_rows, tables, pool, layer, H, K, scratch)
@@ -183,11 +182,11 @@ def test_split_contexts_merge_to_the_reference_and_leave_no_count(rng, context):
 
 
 def test_splits_fit_their_scratch():
-    for pairs in range(1, 4 * SPLIT_BLOCKS):
+    for pairs in range(1, 4 * attention.SPLIT_BLOCKS):
         splits = attention.attention_splits(pairs)
-        assert 1 <= splits <= MAX_SPLITS
-        assert splits == 1 or pairs * splits <= SPLIT_BLOCKS
-    assert attention.attention_splits(192) == 1  # a b64 decode step's pairs (135M: 3 KV heads)
+        assert 1 <= splits <= attention.MAX_SPLITS
+        assert splits == 1 or pairs * splits <= attention.SPLIT_BLOCKS
+    assert attention.attention_splits(attention.SPLIT_BLOCKS) == 1  # a b64 decode step's 576
 
 
 @cuda.jit
