@@ -28,10 +28,12 @@ export BLINK_EDU_RESULTS_DIR="$OUT"
 mkdir -p "$OUT"
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
 case "${1:-kernels}" in
-tests)  # a call of its own: the GPU-relevant tests (tests/executors alone took over 200 s at 7750320:
-        # every executor compiles its kernels, the persistent kernel with every op in it)
+tests)  # a call of its own: the GPU-relevant tests. Most of their time is Numba compiling kernels (the
+        # persistent kernel with every op in it), one core each: with pytest-xdist (on the GPU machine)
+        # 12 worker processes share the GPU — 370 s at 94ea9cf, where one process ran past 570 s
+workers=$(python3 -c "import xdist" 2>/dev/null && echo "-n 12")
 timeout 570 bash tools/run_gpu_tests.sh tests/kernels tests/executors tests/engine tests/kv tests/sched \
-  2>&1 | grep -v Warn | tee "$OUT/gpu_tests.log" | tail -8
+  $workers -rfEs 2>&1 | grep -v -i warn | tee "$OUT/gpu_tests.log" | tail -8
 ;;
 kernels)
 timeout 240 python3 -m blink_edu.bench.persistent --hog-seconds 20 2>&1 | tee "$OUT/persistent.log" | tail -16
