@@ -436,12 +436,12 @@ def load_quad(a, at, row, col, n, wide, dst, j):
 
 @cuda.jit(device=True, inline=True)
 def load_step(x, w2, rows, at, kt, wide, xa, wb):
-    """Global memory -> registers, k step ``kt``: A_LOADS quads of fp32 activations into ``xa``
-    (A_VALUES,) and B_LOADS quads of fp16 weight pairs into ``wb`` (B_WORDS,). A_QUADS
-    consecutive threads read one activation row, B_QUADS one weight row: coalesced, 16 bytes a
-    thread. ``rows`` (A_LOADS + B_LOADS,): the x row, then the w row, of each of this thread's
-    loads; ``at``: their flat offsets at k step 0 (``tc_matmul``), so that a step's address is
-    one addition away."""
+    """Global memory -> registers, k step ``kt``: A_LOADS quads of fp32 activations (with A16:
+    of fp16 pairs) into ``xa`` (A_VALUES,) and B_LOADS quads of fp16 weight pairs into ``wb``
+    (B_WORDS,). A_QUADS consecutive threads read one activation row, B_QUADS one weight row:
+    coalesced, 16 bytes a thread. ``rows`` (A_LOADS + B_LOADS,): the x row, then the w row, of
+    each of this thread's loads; ``at``: their flat offsets at k step 0 (``tc_matmul``), so that
+    a step's address is one addition away."""
     tid = cuda.threadIdx.x
     if A16:  # (a constant) fp16 activations: words of fp16 pairs, as the weights below
         xw = fp16_pairs(x)  # (T, I // 2) uint32
@@ -477,7 +477,8 @@ def norm_weights(norm_w, k, wide):
 @cuda.jit(device=True, inline=True)
 def store_step(xa, wb, norm_w, kt, wide, a_tile, b_tile, buf):
     """Registers -> shared buffer ``buf``: activations times the norm weight, rounded to fp16
-    pairs (2 words a quad); weights as they are (4 words a quad). The shared tiles are flat:
+    pairs (2 words a quad; with A16 the words as they are, 4 a quad); weights as they are (4
+    words a quad). The shared tiles are flat:
     word (buf, row, col) at ``(buf * rows + row) * STRIDE + col``, indexed by unsigned offsets
     (``mma_step`` says why)."""
     tid = cuda.threadIdx.x
@@ -490,7 +491,7 @@ def store_step(xa, wb, norm_w, kt, wide, a_tile, b_tile, buf):
                 a_tile[at + uint32(u)] = xa[QUAD * j + u]
     else:
         g0, g1, g2, g3 = norm_weights(norm_w, kt * BK + QUAD * qa, wide)
-        a_at = uint32((buf * BM + tid // A_QUADS) * STRIDE + 2 * qa)  # row tid // A_QUADS, word 2 qa
+        a_at = uint32((buf * BM + tid // A_QUADS) * STRIDE + 2 * qa)  # its row, word 2 qa
         for j in range(A_LOADS):
             at = a_at + uint32(j * A_ROWS * STRIDE)
             a_tile[at] = pack_half2(xa[QUAD * j] * g0, xa[QUAD * j + 1] * g1)
