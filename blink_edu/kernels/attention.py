@@ -47,7 +47,9 @@ from . import loads
 from .attention_tc import (ROWS, WORKSPACE_WORDS, attend_tile, one_sequence, tc_attention_tiles,
                            tc_attention_tiles_device)
 from .loads import VEC, load8_at
-from .reduce import NEG_INF, THREADS, block_max, block_sum, cuda, kernel_for_blocks_per_sm
+from .reduce import (NEG_INF, THREADS, block_max, block_sum, cuda, divmod32,
+                     kernel_for_blocks_per_sm)
+from .rope import paged_slot
 
 UNROLL = 8  # loads each thread has in flight in the inner loops
 KEY_LOADS = 8  # wide loads of one key in flight at once: a whole 64-dim key, half a 128-dim one
@@ -163,17 +165,18 @@ def attend_token(qkv, positions, seq_rows, block_tables, kv_pool, layer, t, h, n
     E = kv_pool.shape[5]
     context = positions[t] + 1
     span = span_of_device(context, splits)
-    used = -(-context // span)  # splits with positions to walk
+    used = divmod32(context + span - 1, span)[0]  # splits with positions to walk
     if split >= used:
         return  # (the whole block)
     lo, hi = split * span, min(context, split * span + span)
     scale = float32(1) / math.sqrt(float32(E))
     wide = loads.WIDE_LOADS and E % VEC == 0  # values in wide loads: 8 dims a thread
-    n_groups = THREADS // E  # narrow: thread groups sharing the V accumulation, E threads each
-    g, e_own = tid // E, tid % E  # this thread's group and output dimension
+    # (the divisions by a head size known only as the kernel runs: ``reduce.divmod32``)
+    n_groups = divmod32(THREADS, E)[0]  # narrow: thread groups sharing the V accumulation
+    g, e_own = divmod32(tid, E)  # this thread's group and output dimension (E threads a group)
     slices = E // VEC  # wide: threads a position, 8 dims each
-    pgroups = THREADS // max(slices, 1)  # wide: position groups
-    pg, sl = tid // max(slices, 1), tid % max(slices, 1)
+    pgroups = divmod32(THREADS, max(slices, 1))[0]  # wide: position groups
+    pg, sl = divmod32(tid, max(slices, 1))
     q = workspace[:MAX_HEAD_DIM]  # this item's query vector
     weights = workspace[MAX_HEAD_DIM:MAX_HEAD_DIM + THREADS]  # exp(score - m) of the chunk
     scratch = workspace[MAX_HEAD_DIM + THREADS:MAX_HEAD_DIM + 2 * THREADS]
@@ -181,7 +184,7 @@ def attend_token(qkv, positions, seq_rows, block_tables, kv_pool, layer, t, h, n
     where = workspace.view(np.int32)[SCALAR_WORDS - 2 * THREADS:SCALAR_WORDS]
     blocks, slots = where[:THREADS], where[THREADS:]  # each chunk position's KV block and slot
     acc8 = cuda.local.array(VEC, float32)
-    kvh = h // group
+    kvh = divmod32(h, group)[0]
     row = seq_rows[t]
     for e in range(tid, E, THREADS):
         q[e] = qkv[t, h * E + e]
@@ -195,8 +198,7 @@ def attend_token(qkv, positions, seq_rows, block_tables, kv_pool, layer, t, h, n
         c = start + tid
         score = NEG_INF
         if c < hi:
-            page = c // B
-            blk, slot = block_tables[row, page], c - page * B
+            blk, slot = paged_slot(block_tables, row, c, B)
             blocks[tid], slots[tid] = blk, slot
             score = score_of(q, kv_pool, blk, layer, slot, kvh, E) * scale
         m_new = max(m, block_max(score, scratch))
@@ -296,16 +298,16 @@ def paged_attention(qkv, positions, seq_rows, block_tables, kv_pool, layer, num_
     (token, query head) an item. Items ``[0, tiles * K)`` are the tiles, the rest the splits.
     ``partials``, ``arrivals``: ``attention_scratch``."""
     T = qkv.shape[0]
-    group = num_heads // num_kv_heads
+    group = divmod32(num_heads, num_kv_heads)[0]
     tiles = 0
     if tensor_cores:
         tiles = tc_attention_tiles_device(T, group, kv_pool.shape[5])
-    per_tile = ROWS // group  # tokens a tile
+    per_tile = divmod32(ROWS, group)[0]  # tokens a tile
     tile_items = tiles * num_kv_heads
     workspace = cuda.shared.array(WORKSPACE, float32)  # one allocation, every path's views
     if tensor_cores:  # (a constant False compiles the tile out)
         for item in range(block, tile_items, n_blocks):
-            tile, kvh = item // num_kv_heads, item % num_kv_heads
+            tile, kvh = divmod32(item, num_kv_heads)
             t0 = tile * per_tile
             n = min(per_tile, T - t0)
             if one_sequence(positions, seq_rows, t0, n):
@@ -314,11 +316,12 @@ def paged_attention(qkv, positions, seq_rows, block_tables, kv_pool, layer, num_
     # the splits of the (token, query head) pairs: items after the tiles, a split's items on
     # consecutive blocks
     splits = attention_splits_device(T * num_heads)
-    first = (block - tile_items % n_blocks + n_blocks) % n_blocks  # the block after the tiles
+    # the block after the tiles
+    first = divmod32(block + n_blocks - divmod32(tile_items, n_blocks)[1], n_blocks)[1]
     for item in range(first, T * num_heads * splits, n_blocks):
-        pair, split = item // splits, item % splits
-        t, h = pair // num_heads, pair % num_heads
-        t0 = (t // per_tile) * per_tile
+        pair, split = divmod32(item, splits)
+        t, h = divmod32(pair, num_heads)
+        t0 = t - divmod32(t, per_tile)[1]  # the first token of t's tile
         if not tensor_cores or tiles == 0 or not one_sequence(positions, seq_rows, t0,
                                                              min(per_tile, T - t0)):
             attend_token(qkv, positions, seq_rows, block_tables, kv_pool, layer, t, h, num_heads,

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import math
 
-from numba import float32, int32
+from numba import float32, int32, uint32
 
 from ..backend import get_backend
 
@@ -52,6 +52,18 @@ def kernel_for_blocks_per_sm(blocks: int):
 WARP = 32
 FULL_MASK = 0xFFFFFFFF
 ZERO_I32 = int32(0)
+
+
+@cuda.jit(device=True, inline=True)
+def divmod32(a, b):
+    """(a // b, a % b) for 0 <= a and 0 < b below 2^31, divided as unsigned 32-bit numbers.
+    Python's ``//`` on Numba's default integers is a signed 64-bit division, which a GPU runs as
+    a call into a ~40-instruction routine (and a sign fix-up) when ``b`` is not a constant: on a
+    kernel's path from its work item to its first load, each one is a few hundred cycles. The
+    results are int32: Numba widens unsigned arithmetic to uint64, and uint64 with int64 makes
+    a float64, which cannot index an array."""
+    au, bu = uint32(a), uint32(b)
+    return int32(au // bu), int32(au % bu)
 
 
 @cuda.jit(device=True, inline=True)

@@ -18,19 +18,17 @@ The paged slot of a token at position ``p`` of the sequence in block-table row `
 
 from __future__ import annotations
 
-from numba import uint32
 
-from .reduce import THREADS, cuda
+from .reduce import THREADS, cuda, divmod32
 
 
 @cuda.jit(device=True, inline=True)
 def paged_slot(block_tables, row, p, block_size):
     """(block, slot) of position ``p`` of the sequence in block-table row ``row``:
-    ``(block_tables[row, p // B], p % B)``. Divided as unsigned 32-bit numbers: a signed 64-bit
-    division (Python's ``//`` on Numba's default integers) is a call into a ~40-instruction
-    routine with a sign fix-up, and the prompt attention tile did eight of them a chunk."""
-    pu, bu = uint32(p), uint32(block_size)
-    return block_tables[row, pu // bu], pu % bu
+    ``(block_tables[row, p // B], p % B)``, divided by ``reduce.divmod32`` (the prompt attention
+    tile did eight signed 64-bit divisions a chunk before it did)."""
+    page, slot = divmod32(p, block_size)
+    return block_tables[row, page], slot
 
 
 @cuda.jit(device=True, inline=True)
