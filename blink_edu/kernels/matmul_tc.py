@@ -181,13 +181,21 @@ def tile_stages(value: str | None) -> int:
     return stages
 
 
+def tile_a16(value: str | None) -> bool:
+    """Whether the tile takes fp16 activations, from ``BLINK_EDU_TILE_A16`` ("0", the default,
+    or "1"; read once, at import)."""
+    if (value or "0") not in ("0", "1"):
+        raise ValueError(f"BLINK_EDU_TILE_A16 must be 0 or 1, got {value!r}")
+    return value == "1"
+
+
 STAGES = tile_stages(os.environ.get("BLINK_EDU_TILE_STAGES"))
 # An experiment (BLINK_EDU_TILE_A16=1, read at import): the tile takes its activations as fp16,
 # already times the norm weight — x (T, I) float16 holding fp16(x * g) — and stages them as
 # words, the way it stages the weights: no conversion, no norm weight, half the bytes a k step.
 # No producer writes such activations yet; ``tools/tc_matmul_probe.py`` makes them on the host
 # to time the tile alone against the default (``tools/gpu_session.sh tile``).
-A16 = os.environ.get("BLINK_EDU_TILE_A16", "0") == "1"
+A16 = tile_a16(os.environ.get("BLINK_EDU_TILE_A16"))
 if A16 and STAGES > 1:
     raise ValueError("BLINK_EDU_TILE_A16=1 takes the one-stage tile (BLINK_EDU_TILE_STAGES=1)")
 # k per shared-memory step: 64 on a GPU (a thread then has 8 + 4 sixteen-byte loads in flight a

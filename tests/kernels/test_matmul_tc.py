@@ -170,6 +170,12 @@ def test_the_fp16_activation_experiment_needs_its_activations(rng, monkeypatch):
                          dev(np.zeros((3, 8), np.float32)), 0, dev(np.zeros(3, np.float32)))
 
 
+def test_the_fp16_activation_flag_is_checked():
+    assert matmul_tc.tile_a16(None) is False and matmul_tc.tile_a16("1") is True
+    with pytest.raises(ValueError, match="0 or 1"):
+        matmul_tc.tile_a16("yes")
+
+
 def test_tile_stages_are_checked():
     assert matmul_tc.tile_stages(None) == 1 and matmul_tc.tile_stages("3") == 3
     with pytest.raises(ValueError, match="1 or 3"):
