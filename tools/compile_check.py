@@ -58,8 +58,8 @@ def kernels():
     from blink_edu.sched import device_policy
     lin = lambda w: (arr(F32, 2), arr(I32, 1), arr(F32, 1), F32, arr(w, 2), arr(F32, 1),  # noqa: E731
                      arr(F32, 2), types.int64)
-    tile_args = (arr(F16 if matmul_tc.A16 else F32, 2), arr(I32, 1), arr(F32, 1), arr(F16, 2),
-                 arr(F32, 1), arr(F32, 1), arr(F32, 2), types.int64, types.int64)  # A16: fp16 x
+    tile_args = (arr(F32, 2), arr(I32, 1), arr(F32, 1), arr(F16, 2), arr(F32, 1), arr(F32, 1),
+                 arr(F32, 2), types.int64, types.int64)
     attention_args = (arr(F32, 2), arr(I32, 1), arr(I32, 1), arr(I32, 2), arr(F32, 6), types.int64,
                       types.int64, types.int64, arr(F32, 2), arr(F32, 2), arr(I32, 1))
     return [

@@ -11,7 +11,7 @@
 #   BLINK_EDU_COMMIT=<sha> bash tools/gpu_session.sh serving
 #   bash tools/gpu_session.sh profile    # Nsight Compute on layer 0 of a b1 step, a b64 step, a prefill
 #   BLINK_EDU_COMMIT=<sha> bash tools/gpu_session.sh attention  # the prompt attention tile, compared
-#   BLINK_EDU_COMMIT=<sha> bash tools/gpu_session.sh tile       # the tile on fp32 and fp16 activations
+#   BLINK_EDU_COMMIT=<sha> bash tools/gpu_session.sh tile       # the tensor-core tile: variants, stalls
 # The server's packages (fastapi, starlette, uvicorn, pydantic and their needs) are not on the GPU
 # machine: fetch them here as cp312 wheels into .whl/ (git-ignored) and carry .whl with the call:
 #   python3 -m pip download --no-deps --only-binary=:all: --python-version 3.12 \
@@ -77,26 +77,26 @@ for run in "b1 --batch 1 --prompt 128" "b64 --batch 64 --prompt 128" "prefill512
     | grep -v "^  *[a-z_]* *regs" | sed 's/  */ /g' | head -90
 done
 ;;
-tile)  # the tensor-core tile alone at the 135M shapes: the module's tile on fp32 activations, then on
-       # fp16 activations (BLINK_EDU_TILE_A16=1, made by the probe: checked against the reference,
-       # then timed), each in a process of its own; then Nsight Compute's stall reasons on the
-       # 512-token gate/up (the probe's third launch) for both, and on the 64-token LM head (its
-       # fifth) on fp16 activations. (The pipelined tile, BLINK_EDU_TILE_STAGES=3, and a k step of
-       # 32 were measured at 2ed258d: tc_matmul_pipelined_h200_2ed258d.json.)
-for v in "BLINK_EDU_TILE_A16=0" "BLINK_EDU_TILE_A16=1"; do
-  echo "== tile, $v"; name=$(echo "${v##*_}" | tr 'A=' 'a_')  # a16_0, a16_1
-  env $v timeout 90 python3 tools/tc_matmul_probe.py --tile-only --steps \
-    --json "$OUT/tile_$name.json" 2>&1 | grep -v -i warn | tail -11
+tile)  # the tensor-core tile alone at the 135M shapes: the module's geometry and the k-32 variant, then
+       # the pipelined tile (BLINK_EDU_TILE_STAGES=3) checked against the reference and timed; then
+       # Nsight Compute with the stall reasons on the 512-token gate/up (the probe's third shape) for
+       # both tiles and on the 64-token LM head (its fifth) for the pipelined one
+for v in "" "--bk 32"; do
+  name=tile$(echo "$v" | tr -d ' -'); echo "== $name"
+  timeout 90 python3 tools/tc_matmul_probe.py --tile-only --steps $v --json "$OUT/$name.json" 2>&1 | grep -v -i warn | tail -11
 done
+echo "== tile, three cp.async stages (BLINK_EDU_TILE_STAGES=3: checked against the reference, then timed)"
+BLINK_EDU_TILE_STAGES=3 timeout 90 python3 tools/tc_matmul_probe.py --tile-only --steps \
+  --json "$OUT/tile_stages3.json" 2>&1 | grep -v -i warn | tail -11
 NCU="ncu --clock-control none --section SpeedOfLight --section Occupancy --section LaunchStats
-  --section WarpStateStats --section SchedulerStats --section InstructionStats
+  --section WarpStateStats --section SchedulerStats
   --metrics regex:smsp__average_warps_issue_stalled_.*_per_issue_active\.ratio"
-for run in "0 512 2" "1 512 2" "1 64 4"; do
+for run in "1 512 2" "3 512 2" "3 64 4"; do
   set -- $run
-  env BLINK_EDU_TILE_A16=$1 timeout 90 $NCU -k regex:tc_matmul_kernel --launch-skip $3 --launch-count 1 \
-    python3 tools/tc_matmul_probe.py --once --tile-only --rows $2 > "$OUT/ncu_tile_a16_$1_r$2.txt" 2>&1
-  echo "== ncu A16=$1 R=$2"; grep -E "Duration|Registers Per|Executed Instructions  |Warp Cycles Per Issued|stalled" \
-    "$OUT/ncu_tile_a16_$1_r$2.txt" | sort -k3 -g -r | head -10
+  BLINK_EDU_TILE_STAGES=$1 timeout 90 $NCU -k regex:tc_matmul_kernel --launch-skip $3 --launch-count 1 \
+    python3 tools/tc_matmul_probe.py --once --rows $2 > "$OUT/ncu_tile_s$1_r$2.txt" 2>&1
+  echo "== ncu stages $1 R=$2"; grep -E "Duration|Registers Per|Achieved Occ|Warp Cycles Per Issued|stalled" "$OUT/ncu_tile_s$1_r$2.txt" \
+    | sort -k3 -g -r | head -12
 done
 ;;
 *) echo "usage: $0 tests|kernels|decode|serving|attention|profile|tile" >&2; exit 2 ;;

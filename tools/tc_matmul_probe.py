@@ -22,16 +22,11 @@ as a decode step streams its 30 layers): one matrix replayed again and again sit
 50 MB L2 cache and flatters every kernel, which is how a probe at 732a3be predicted a faster
 batch-64 step than the step measured. Prints one table, and with ``--json`` writes it with the
 machine and the commit (pass ``BLINK_EDU_COMMIT`` on a machine whose tree is a copy).
-
-``BLINK_EDU_TILE_A16=1`` (with ``--tile-only``): the tile on fp16 activations, ``fp16(x * g)``,
-made here on the host (``matmul_tc.A16``: an experiment no executor feeds yet), so that one call
-can time it against the default tile on fp32 activations in another process.
 """
 
 from __future__ import annotations
 
 import argparse
-import functools
 import os
 import sys
 
@@ -81,9 +76,7 @@ def operands(rng, R, O, I, norm, residual):
     require_tc_operands(x_rows, w, start)
     args = [cuda.to_device(a) for a in (x, x_rows, g)] + [EPS] + \
         [cuda.to_device(w), cuda.to_device(np.zeros(0, np.float32)), cuda.to_device(start)]
-    # the A16 experiment's activations, fp16(x * g), made here: no producer writes them yet
-    x16 = cuda.to_device((x * g if norm else x).astype(np.float16)) if matmul_tc.A16 else None
-    return args + [int(residual), cuda.device_array(R, np.float32)], start, reference, x16
+    return args + [int(residual), cuda.device_array(R, np.float32)], start, reference
 
 
 def time_in_graph(launch, replays: int, runs: int) -> float:
@@ -179,9 +172,6 @@ def main(argv=None) -> int:
                         help="only the checked launch of each shape, nothing timed (for ncu)")
     args = parser.parse_args(argv)
     rows = []
-    if matmul_tc.A16 and not args.tile_only:
-        parser.error("BLINK_EDU_TILE_A16=1 times the tile alone: add --tile-only (the other "
-                     "kernels take fp32 activations)")
     if args.warp_tile:  # before the first launch compiles the kernel with the module's constants
         mi, ni = args.warp_tile
         if mi < 1 or ni < 2 or ni % 2:
@@ -191,7 +181,7 @@ def main(argv=None) -> int:
         matmul_tc.ACC_SHAPE, matmul_tc.A_FRAG, matmul_tc.B_FRAG = (mi, ni, 4), (mi, 4), (ni, 2)
     if args.bk or args.warp_tile:
         try:
-            geometry = tile_geometry(THREADS, args.bk or matmul_tc.BK, matmul_tc.A16)
+            geometry = tile_geometry(THREADS, args.bk or matmul_tc.BK)
         except AssertionError:
             parser.error(f"this block tile cannot be staged by {THREADS} threads in k steps of "
                          f"{args.bk or matmul_tc.BK}")
@@ -215,8 +205,7 @@ def main(argv=None) -> int:
         matmul_tc_decode.A_SHAPE, matmul_tc_decode.SQ_SHAPE = (mt, 2, 4), (mt, 2)
     num_sms = cuda.get_current_device().MULTIPROCESSOR_COUNT
     rng = np.random.default_rng(args.seed)
-    print(f"tile {matmul_tc.BM}x{matmul_tc.BN}, k step {matmul_tc.BK}, {THREADS} threads"
-          f"{', fp16 activations' if matmul_tc.A16 else ''}; "
+    print(f"tile {matmul_tc.BM}x{matmul_tc.BN}, k step {matmul_tc.BK}, {THREADS} threads; "
           f"{get_backend().device_name}, {num_sms} SMs")
     variants = " ".join(f"{f'k/{s}' if s else 'k all':>7}" for s in args.steps)
     print(f"{'shape':>8} {'R':>4} {'O x I':>12} {'err':>8} | {'steps':>5} {'tc µs':>7} "
@@ -224,10 +213,9 @@ def main(argv=None) -> int:
           f"{'tc/cuBLAS':>9} | {'dec err':>8} {'dec µs':>7} {'gemv µs':>7}")
     for R in args.rows:
         for name, (O, I, norm, residual) in SHAPES.items():
-            kernel_args, start, reference, x16 = operands(rng, R, O, I, norm, residual)
-            launch = functools.partial(launch_tc_linear, x16=x16)  # (x16: the A16 experiment)
+            kernel_args, start, reference = operands(rng, R, O, I, norm, residual)
             out = kernel_args[6]
-            launch(*kernel_args, num_sms=num_sms)
+            launch_tc_linear(*kernel_args, num_sms=num_sms)
             got = out.copy_to_host() - (start if residual else 0)
             err = np.linalg.norm(got - reference) / np.linalg.norm(reference)
             if not err < TOLERANCE:
@@ -255,14 +243,14 @@ def main(argv=None) -> int:
             if args.once:
                 print(f"{name:>8} {R:>4} {f'{O}x{I}':>12} {err:8.1e} | {steps:>5}", flush=True)
                 continue
-            tc_us = time_in_graph(lambda s, i: launch(*with_copy(i), stream=s,
+            tc_us = time_in_graph(lambda s, i: launch_tc_linear(*with_copy(i), stream=s,
                                                                 num_sms=num_sms),
                                   args.replays, args.runs)
             by_steps = {}
             k_steps = -(-I // matmul_tc.BK)
             for variant in args.steps:
                 by_steps[variant] = time_in_graph(
-                    lambda s, i: launch(*with_copy(i), stream=s,
+                    lambda s, i: launch_tc_linear(*with_copy(i), stream=s,
                                                   steps_per_split=variant or k_steps),
                     args.replays, args.runs)
             fma_us = blas_us = dec_us = gemv_us = float("nan")
@@ -304,8 +292,7 @@ def main(argv=None) -> int:
         with open(args.json, "w") as f:
             json.dump({"name": "tc_matmul", "commit": commit(), "machine": machine(),
                        "weight_copies": args.weight_copies,
-                       "tile": {"BM": matmul_tc.BM, "BN": matmul_tc.BN, "BK": matmul_tc.BK,
-                                "fp16_activations": matmul_tc.A16, "stages": matmul_tc.STAGES},
+                       "tile": {"BM": matmul_tc.BM, "BN": matmul_tc.BN, "BK": matmul_tc.BK},
                        "rows": rows}, f, indent=1)
     return 0
 

@@ -63,12 +63,6 @@ tests and, measured on the H200, is slower (gate/up at 512 tokens 28.5 µs again
 same activations for itself and the instructions nearly double. The register-staged tile stays
 the default; the experiment stays as the worked example of ``cp.async`` from Python.
 
-A second experiment, ``BLINK_EDU_TILE_A16=1`` (``A16``): the activations arrive as fp16, already
-times the norm weight, and are staged as words like the weights — no conversion in the tile and
-half the bytes a k step (SASS for sm_90: the k-step loop 281 -> 194 instructions, 13 -> 8 loads a
-thread). No producer writes fp16 activations yet, so only ``tools/tc_matmul_probe.py`` runs it;
-if the H200 says it pays, the norm prologue, SwiGLU and attention will write them.
-
 **Split-K: enough blocks for a small batch.** A decode batch of 64 tokens has one row of tiles:
 the 576 x 576 output projection is 9 tiles of 64 x 64, 9 blocks on a GPU of 132
 multiprocessors, each walking k one step after the other and each step waiting ~1 µs for
@@ -150,16 +144,14 @@ class TileGeometry(NamedTuple):
     ROWS_SHAPE: tuple  # simulator: (warps, lanes): every lane's row offset for ldmatrix
 
 
-def tile_geometry(threads: int, bk: int, a16: bool = False) -> TileGeometry:
-    """The block tile's constants for ``threads`` threads and k steps of ``bk``; ``a16``: fp16
-    activations, staged 8 a load like the weights (``A16``), not 4 fp32."""
+def tile_geometry(threads: int, bk: int) -> TileGeometry:
     warps = threads // WARP
     warps_m = 2 if warps >= 4 else 1
     bm, bn, kp = warps_m * WM, warps // warps_m * WN, bk // 2
     # One spare group of 4 words per row: lane (g, t) reads word g * stride + t, and with
     # stride = 4 (mod 8) the 32 lanes of a fragment load hit 32 different shared-memory banks.
     stride = kp + 4
-    a_quads, b_quads = bk // (2 * QUAD if a16 else QUAD), bk // (2 * QUAD)
+    a_quads, b_quads = bk // QUAD, bk // (2 * QUAD)
     a_rows, b_rows = threads // a_quads, threads // b_quads
     # (mma_step writes out the 16-wide k slices of a step: 2 or 4)
     assert threads % a_quads == 0 and bm % a_rows == 0 and bn % b_rows == 0 and kp in (16, 32)
@@ -181,32 +173,15 @@ def tile_stages(value: str | None) -> int:
     return stages
 
 
-def tile_a16(value: str | None) -> bool:
-    """Whether the tile takes fp16 activations, from ``BLINK_EDU_TILE_A16`` ("0", the default,
-    or "1"; read once, at import)."""
-    if (value or "0") not in ("0", "1"):
-        raise ValueError(f"BLINK_EDU_TILE_A16 must be 0 or 1, got {value!r}")
-    return value == "1"
-
-
 STAGES = tile_stages(os.environ.get("BLINK_EDU_TILE_STAGES"))
-# An experiment (BLINK_EDU_TILE_A16=1, read at import): the tile takes its activations as fp16,
-# already times the norm weight — x (T, I) float16 holding fp16(x * g) — and stages them as
-# words, the way it stages the weights: no conversion, no norm weight, half the bytes a k step.
-# No producer writes such activations yet; ``tools/tc_matmul_probe.py`` makes them on the host
-# to time the tile alone against the default (``tools/gpu_session.sh tile``).
-A16 = tile_a16(os.environ.get("BLINK_EDU_TILE_A16"))
-if A16 and STAGES > 1:
-    raise ValueError("BLINK_EDU_TILE_A16=1 takes the one-stage tile (BLINK_EDU_TILE_STAGES=1)")
 # k per shared-memory step: 64 on a GPU (a thread then has 8 + 4 sixteen-byte loads in flight a
 # step), 32 in the simulator, so that tests with a small I still cross several steps and both
 # buffers; 32 for three stages (three of 64 would not fit a block's 48 KB of static shared memory).
-GEOMETRY = tile_geometry(THREADS, 32 if SIMULATOR or STAGES > 1 else 64, A16)
+GEOMETRY = tile_geometry(THREADS, 32 if SIMULATOR or STAGES > 1 else 64)
 # Numba reads module globals as compile-time constants (and global tuples as array shapes).
 (THREADS, WARPS, WARPS_M, WARPS_N, BM, BN, BK, KP, STRIDE, A_QUADS, A_ROWS, A_LOADS, B_QUADS,
  B_ROWS, B_LOADS, A_TILE, B_TILE, REGS_SHAPE, ROWS_SHAPE) = GEOMETRY
 A_VALUES, B_WORDS = QUAD * A_LOADS, QUAD * B_LOADS  # registers a thread stages per k step
-A_STAGED = uint32 if A16 else float32  # what those activation registers hold: fp16 pairs or fp32
 LOADS = A_LOADS + B_LOADS  # 16-byte loads a thread issues per k step
 # The pipelined tile keeps the activations as they arrive, float32 (converted to fp16 as the
 # fragments are built): rows of BK + 8 words, so that lane (g, t)'s word 2t of row g falls in
@@ -444,22 +419,16 @@ def load_quad(a, at, row, col, n, wide, dst, j):
 
 @cuda.jit(device=True, inline=True)
 def load_step(x, w2, rows, at, kt, wide, xa, wb):
-    """Global memory -> registers, k step ``kt``: A_LOADS quads of fp32 activations (with A16:
-    of fp16 pairs) into ``xa`` (A_VALUES,) and B_LOADS quads of fp16 weight pairs into ``wb``
-    (B_WORDS,). A_QUADS consecutive threads read one activation row, B_QUADS one weight row:
-    coalesced, 16 bytes a thread. ``rows`` (A_LOADS + B_LOADS,): the x row, then the w row, of
-    each of this thread's loads; ``at``: their flat offsets at k step 0 (``tc_matmul``), so that
-    a step's address is one addition away."""
+    """Global memory -> registers, k step ``kt``: A_LOADS quads of fp32 activations into ``xa``
+    (A_VALUES,) and B_LOADS quads of fp16 weight pairs into ``wb`` (B_WORDS,). A_QUADS
+    consecutive threads read one activation row, B_QUADS one weight row: coalesced, 16 bytes a
+    thread. ``rows`` (A_LOADS + B_LOADS,): the x row, then the w row, of each of this thread's
+    loads; ``at``: their flat offsets at k step 0 (``tc_matmul``), so that a step's address is
+    one addition away."""
     tid = cuda.threadIdx.x
-    if A16:  # (a constant) fp16 activations: words of fp16 pairs, as the weights below
-        xw = fp16_pairs(x)  # (T, I // 2) uint32
-        ka = kt * KP + QUAD * (tid % A_QUADS)
-        for j in range(A_LOADS):
-            load_quad(xw, at[j] + uint32(kt * KP), rows[j], ka, xw.shape[1], wide, xa, j)
-    else:
-        k = kt * BK + QUAD * (tid % A_QUADS)  # this thread's first activation column
-        for j in range(A_LOADS):
-            load_quad(x, at[j] + uint32(kt * BK), rows[j], k, x.shape[1], wide, xa, j)
+    k = kt * BK + QUAD * (tid % A_QUADS)  # this thread's first activation column
+    for j in range(A_LOADS):
+        load_quad(x, at[j] + uint32(kt * BK), rows[j], k, x.shape[1], wide, xa, j)
     kw = kt * KP + QUAD * (tid % B_QUADS)  # and its first weight word (pair) column
     for j in range(B_LOADS):
         load_quad(w2, at[A_LOADS + j] + uint32(kt * KP), rows[A_LOADS + j], kw, w2.shape[1], wide,
@@ -485,25 +454,17 @@ def norm_weights(norm_w, k, wide):
 @cuda.jit(device=True, inline=True)
 def store_step(xa, wb, norm_w, kt, wide, a_tile, b_tile, buf):
     """Registers -> shared buffer ``buf``: activations times the norm weight, rounded to fp16
-    pairs (2 words a quad; with A16 the words as they are, 4 a quad); weights as they are (4
-    words a quad). The shared tiles are flat:
+    pairs (2 words a quad); weights as they are (4 words a quad). The shared tiles are flat:
     word (buf, row, col) at ``(buf * rows + row) * STRIDE + col``, indexed by unsigned offsets
     (``mma_step`` says why)."""
     tid = cuda.threadIdx.x
     qa = tid % A_QUADS
-    if A16:  # (a constant) words as they are, 4 a quad: the norm weight is in them already
-        a_at = uint32((buf * BM + tid // A_QUADS) * STRIDE + QUAD * qa)
-        for j in range(A_LOADS):
-            at = a_at + uint32(j * A_ROWS * STRIDE)
-            for u in range(QUAD):
-                a_tile[at + uint32(u)] = xa[QUAD * j + u]
-    else:
-        g0, g1, g2, g3 = norm_weights(norm_w, kt * BK + QUAD * qa, wide)
-        a_at = uint32((buf * BM + tid // A_QUADS) * STRIDE + 2 * qa)  # its row, word 2 qa
-        for j in range(A_LOADS):
-            at = a_at + uint32(j * A_ROWS * STRIDE)
-            a_tile[at] = pack_half2(xa[QUAD * j] * g0, xa[QUAD * j + 1] * g1)
-            a_tile[at + uint32(1)] = pack_half2(xa[QUAD * j + 2] * g2, xa[QUAD * j + 3] * g3)
+    g0, g1, g2, g3 = norm_weights(norm_w, kt * BK + QUAD * qa, wide)
+    a_at = uint32((buf * BM + tid // A_QUADS) * STRIDE + 2 * qa)  # row tid // A_QUADS, word 2 qa
+    for j in range(A_LOADS):
+        at = a_at + uint32(j * A_ROWS * STRIDE)
+        a_tile[at] = pack_half2(xa[QUAD * j] * g0, xa[QUAD * j + 1] * g1)
+        a_tile[at + uint32(1)] = pack_half2(xa[QUAD * j + 2] * g2, xa[QUAD * j + 3] * g3)
     b_at = uint32((buf * BN + tid // B_QUADS) * STRIDE + QUAD * (tid % B_QUADS))
     for j in range(B_LOADS):
         at = b_at + uint32(j * B_ROWS * STRIDE)
@@ -694,10 +655,9 @@ def start_item(x_rows, I, O, r0, o0, rows, at, acc):
     checked, once a step."""
     tid = cuda.threadIdx.x
     R = x_rows.shape[0]
-    a_words = I // 2 if A16 else I  # 32-bit words a row of x: fp16 pairs or fp32 numbers
     for j in range(A_LOADS):
         rows[j] = x_rows[min(r0 + tid // A_QUADS + j * A_ROWS, R - 1)]
-        at[j] = uint32(rows[j] * a_words + QUAD * (tid % A_QUADS))
+        at[j] = uint32(rows[j] * I + QUAD * (tid % A_QUADS))
     for j in range(B_LOADS):
         rows[A_LOADS + j] = min(o0 + tid // B_QUADS + j * B_ROWS, O - 1)
         at[A_LOADS + j] = uint32(rows[A_LOADS + j] * (I // 2) + QUAD * (tid % B_QUADS))
@@ -715,10 +675,10 @@ def tc_matmul(x, x_rows, norm_w, w, bias, row_scale, out, accumulate, steps_per_
     holds each row's 1 / rms (``tc_prologue``). When the k range is split, ``out`` holds what
     the prologue put there (the bias, the residual, zeros) and the splits add onto it; when it
     is not, each block writes its tile whole (``add_rows``).
-    x (T, I) f32 (with A16: f16, already times norm_w); x_rows (R,) i32; norm_w (I,) f32 or
-    (0,); w (O, I) f16, I even; bias (O,) f32 or (0,); ``wide``: I % 8 == 0, every row 16-byte
-    aligned (a constant of each build of ``tc_matmul_kernel``). A work item is one BM x BN tile
-    of ``out`` over ``steps_per_split`` k steps of BK. Every thread of the block must call it."""
+    x (T, I) f32; x_rows (R,) i32; norm_w (I,) f32 or (0,); w (O, I) f16, I even; bias (O,) f32
+    or (0,); ``wide``: I % 8 == 0, every row 16-byte aligned (a constant of each build of
+    ``tc_matmul_kernel``). A work item is one BM x BN tile of ``out`` over ``steps_per_split``
+    k steps of BK. Every thread of the block must call it."""
     R = x_rows.shape[0]
     O, I = w.shape
     w2 = fp16_pairs(w)  # (O, I // 2) uint32: word j of row o = w[o, 2j] (low half), w[o, 2j+1]
@@ -727,7 +687,7 @@ def tc_matmul(x, x_rows, norm_w, w, bias, row_scale, out, accumulate, steps_per_
     acc = cuda.local.array(ACC_SHAPE, float32)  # (MI, NI, 4) this lane's outputs
     afrag = cuda.local.array(A_FRAG, uint32)  # (MI, 4)
     bfrag = cuda.local.array(B_FRAG, uint32)  # (NI, 2)
-    xa = cuda.local.array(A_VALUES, A_STAGED)  # (A_VALUES,) staged activations
+    xa = cuda.local.array(A_VALUES, float32)  # (A_VALUES,) staged activations
     wb = cuda.local.array(B_WORDS, uint32)  # (B_WORDS,) staged weight pairs
     rows = cuda.local.array(LOADS, int32)  # (A_LOADS + B_LOADS,) the row of each load
     at = cuda.local.array(LOADS, uint32)  # (A_LOADS + B_LOADS,) its flat offset at k step 0
@@ -946,23 +906,17 @@ def needs_prologue(norm_w, bias, accumulate, split) -> bool:
 
 
 def launch_tc_linear(x, x_rows, norm_w, eps, w, bias, out, accumulate, row_scale, stream=0,
-                     num_sms: int = 1, steps_per_split: int | None = None, x16=None) -> None:
+                     num_sms: int = 1, steps_per_split: int | None = None) -> None:
     """out (R, O) (+)= rms_norm?(x[x_rows]) @ w.T + bias on tensor cores: the prologue (if it has
-    work) and the tile, two launches on ``stream``. ``row_scale`` (>= R,) f32 device scratch.
-    ``x16``: with BLINK_EDU_TILE_A16=1 (an experiment), fp16(x * norm_w) (T, I) float16, the
-    tile's activations (the prologue still reads ``x`` for the norm's 1 / rms)."""
+    work) and the tile, two launches on ``stream``. ``row_scale`` (>= R,) f32 device scratch."""
     R, (O, I) = x_rows.shape[0], w.shape
-    if A16 and (x16 is None or x16.dtype != np.float16 or x16.shape != x.shape):
-        raise ValueError("BLINK_EDU_TILE_A16=1 is an experiment of tools/tc_matmul_probe.py: the "
-                         "tile then needs x16, fp16(x * norm_w) shaped like x, which no "
-                         "executor makes yet")
     steps = steps_per_split or tc_steps_per_split(R, O, I, num_sms)
     split = is_split(I, steps)
     if needs_prologue(norm_w, bias, accumulate, split):
         tc_prologue_kernel[grid_for(R), OP_THREADS, stream](x, x_rows, norm_w, eps, bias, out,
                                                         accumulate, split, row_scale)
     tc_matmul_kernel[grid_for(tc_work_items(R, O, I, steps)), THREADS, stream](
-        x16 if A16 else x, x_rows, norm_w, w, bias, row_scale, out, accumulate, steps)
+        x, x_rows, norm_w, w, bias, row_scale, out, accumulate, steps)
 
 
 def require_tc_operands(x_rows, w, out) -> None:

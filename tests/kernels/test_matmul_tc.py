@@ -31,8 +31,7 @@ def dev(a):
 
 def run_case(rng, R, I, O, fused, steps_per_split=None, num_sms=1):
     """``launch_tc_linear`` (prologue and tile) on fresh random inputs; returns (out, reference)
-    without the residual, so that a large residual cannot hide an error in the product. (With
-    the A16 experiment on, the tile's activations are made here: fp16(x * g).)"""
+    without the residual, so that a large residual cannot hide an error in the product."""
     T = R + 3
     x = (2 * rng.standard_normal((T, I))).astype(np.float32)
     x_rows = rng.choice(T, R, replace=False).astype(np.int32)
@@ -48,10 +47,8 @@ def run_case(rng, R, I, O, fused, steps_per_split=None, num_sms=1):
         else np.full((R, O), np.nan, np.float32)  # poisoned: every element must be written
     out = dev(start)
     row_scale = dev(np.full(R, np.nan, np.float32))  # poisoned: the prologue must fill it
-    x16 = (x * g if norm else x).astype(np.float16) if matmul_tc.A16 else None  # (T, I)
     launch_tc_linear(dev(x), dev(x_rows), dev(g), np.float32(1e-5), dev(w), dev(b), out,
-                     int(residual), row_scale, num_sms=num_sms, steps_per_split=steps_per_split,
-                     x16=None if x16 is None else dev(x16))
+                     int(residual), row_scale, num_sms=num_sms, steps_per_split=steps_per_split)
     got = out.copy_to_host()
     return (got - start if residual else got), expected
 
@@ -125,55 +122,6 @@ def test_the_pipelined_tile_with_the_gpu_geometry(rng, monkeypatch):
     R, I, O = WM + 5, 4 * gpu.BK + 8, gpu.BN + WN // 2  # both warp rows, 2 column tiles, 5 k steps
     got, expected = run_case(rng, R, I, O, "plain")
     assert rel_err(got, expected) < FP16_TOL
-
-
-def fp16_activations(monkeypatch, geometry=None):
-    """Run the tile as ``BLINK_EDU_TILE_A16=1`` builds it: fp16 activations staged as words."""
-    g = geometry or tile_geometry(matmul_tc.THREADS, matmul_tc.BK, a16=True)
-    for name, value in g._asdict().items():
-        monkeypatch.setattr(matmul_tc, name, value)
-    monkeypatch.setattr(matmul_tc, "A16", True)
-    monkeypatch.setattr(matmul_tc, "A_STAGED", np.uint32)
-    monkeypatch.setattr(matmul_tc, "A_VALUES", matmul_tc.QUAD * g.A_LOADS)
-    monkeypatch.setattr(matmul_tc, "LOADS", g.A_LOADS + g.B_LOADS)
-
-
-# The A16 experiment: ragged shapes, every fusion, split and not, then the GPU's geometry (4
-# warps, 64-wide k steps: 8 threads a row of fp16 activations, 4 loads each).
-@pytest.mark.parametrize("R,I,O", [(5, 24, 9), (20, 18, 9), (BM + 3, 2 * BK + 8, BN + 1)])
-@pytest.mark.parametrize("fused", ["plain", "norm+bias+residual"])
-@pytest.mark.parametrize("steps", [None, 1])
-def test_the_tile_on_fp16_activations_matches_the_reference(rng, monkeypatch, R, I, O, fused,
-                                                           steps):
-    fp16_activations(monkeypatch)
-    got, expected = run_case(rng, R, I, O, fused, steps_per_split=steps)
-    assert np.isfinite(got).all()
-    assert rel_err(got, expected) < FP16_TOL
-
-
-def test_the_tile_on_fp16_activations_with_the_gpu_geometry(rng, monkeypatch):
-    gpu = tile_geometry(128, 64, a16=True)
-    assert (gpu.A_QUADS, gpu.A_LOADS) == (8, 4)  # 8 fp16 a load: half the loads of fp32
-    fp16_activations(monkeypatch, gpu)
-    R, I, O = WM + 5, gpu.BK + 8, gpu.BN + WN // 2  # both warp rows, 2 column tiles, 2 k steps
-    got, expected = run_case(rng, R, I, O, "norm+bias+residual", steps_per_split=1)
-    assert rel_err(got, expected) < FP16_TOL
-
-
-def test_the_fp16_activation_experiment_needs_its_activations(rng, monkeypatch):
-    """No executor makes fp16(x * g) yet: launching the experiment without it is refused."""
-    monkeypatch.setattr(matmul_tc, "A16", True)
-    x, w = dev(np.ones((3, 16), np.float32)), dev(np.ones((8, 16), np.float16))
-    with pytest.raises(ValueError, match="x16"):
-        launch_tc_linear(x, dev(np.arange(3, dtype=np.int32)), dev(np.zeros(0, np.float32)),
-                         np.float32(1e-5), w, dev(np.zeros(0, np.float32)),
-                         dev(np.zeros((3, 8), np.float32)), 0, dev(np.zeros(3, np.float32)))
-
-
-def test_the_fp16_activation_flag_is_checked():
-    assert matmul_tc.tile_a16(None) is False and matmul_tc.tile_a16("1") is True
-    with pytest.raises(ValueError, match="0 or 1"):
-        matmul_tc.tile_a16("yes")
 
 
 def test_tile_stages_are_checked():
@@ -286,27 +234,15 @@ def test_tc_matmul_at_the_135m_shapes_on_the_gpu(rng, R, name, fused):
     assert rel_err(got, expected) < FP16_TOL
 
 
-def probe_once_in_a_process(variable, *flags):
-    """``tc_matmul_probe --once`` with the environment ``variable`` set to 1 or 3 (read when the
-    module is imported, so in a process of its own): every 135M shape at 64, 512 and 77 tokens
-    against the float64 reference, exit 1 on an error of 1e-2 or more. Returns its output."""
-    root = Path(__file__).resolve().parents[2]
-    env = dict(os.environ, **{variable: "3" if variable.endswith("STAGES") else "1"})
-    run = subprocess.run([sys.executable, str(root / "tools" / "tc_matmul_probe.py"), "--once",
-                          "--rows", "64", "512", "77", *flags], env=env, capture_output=True,
-                         text=True, timeout=600)
-    assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-2000:]
-    return run.stdout
-
-
 @pytest.mark.gpu
 def test_the_pipelined_tile_at_the_135m_shapes_on_the_gpu():
-    """The real ``cp.async`` tile (``BLINK_EDU_TILE_STAGES=3``)."""
-    assert "k step 32" in probe_once_in_a_process("BLINK_EDU_TILE_STAGES")  # its geometry
-
-
-@pytest.mark.gpu
-def test_the_tile_on_fp16_activations_at_the_135m_shapes_on_the_gpu():
-    """The A16 experiment (``BLINK_EDU_TILE_A16=1``) on the real ``mma``, its activations made by
-    the probe."""
-    assert "fp16 activations" in probe_once_in_a_process("BLINK_EDU_TILE_A16", "--tile-only")
+    """The real ``cp.async`` tile (``BLINK_EDU_TILE_STAGES=3``, read when the module is imported,
+    so in a process of its own): ``tc_matmul_probe --once`` checks every 135M shape at 64, 512 and
+    77 tokens against the float64 reference and exits 1 on an error of 1e-2 or more."""
+    root = Path(__file__).resolve().parents[2]
+    env = dict(os.environ, BLINK_EDU_TILE_STAGES="3")
+    run = subprocess.run([sys.executable, str(root / "tools" / "tc_matmul_probe.py"), "--once",
+                          "--rows", "64", "512", "77"], env=env, capture_output=True, text=True,
+                         timeout=600)
+    assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-2000:]
+    assert "k step 32" in run.stdout  # the pipelined tile's geometry, not the default's
