@@ -58,8 +58,8 @@ def kernels():
     from blink_edu.sched import device_policy
     lin = lambda w: (arr(F32, 2), arr(I32, 1), arr(F32, 1), F32, arr(w, 2), arr(F32, 1),  # noqa: E731
                      arr(F32, 2), types.int64)
-    tile_args = (arr(F32, 2), arr(I32, 1), arr(F32, 1), arr(F16, 2), arr(F32, 1), arr(F32, 1),
-                 arr(F32, 2), types.int64, types.int64)
+    tile_args = (arr(F32, 2), arr(I32, 1), arr(F32, 1), F32, arr(F16, 2), arr(F32, 1),
+                 arr(F32, 1), arr(F32, 2), types.int64, types.int64)
     attention_args = (arr(F32, 2), arr(I32, 1), arr(I32, 1), arr(I32, 2), arr(F32, 6), types.int64,
                       types.int64, types.int64, arr(F32, 2), arr(F32, 2), arr(I32, 1))
     return [
@@ -71,6 +71,7 @@ def kernels():
           types.boolean, arr(F32, 1))),
         ("tc_matmul", matmul_tc.tc_matmul_kernel.builds[True], tile_args),
         ("tc_matmul_unaligned", matmul_tc.tc_matmul_kernel.builds[False], tile_args),
+        ("tc_swiglu", matmul_tc.tc_swiglu_kernel.builds[True], lin(F16)[:-1]),
         ("tc_decode_linear", matmul_tc_decode.tc_decode_linear_kernel.builds[True], lin(F16)),
         ("tc_decode_swiglu", matmul_tc_decode.tc_decode_swiglu_kernel.builds[True], lin(F16)[:-1]),
         ("tc_decode_qkv_rope", matmul_tc_decode.tc_decode_qkv_rope_kernel.builds[True],

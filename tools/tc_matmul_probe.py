@@ -15,7 +15,8 @@ and cuBLAS (CuPy fp16 ``matmul``, which cannot be captured: it is timed queued b
 holds the stream, so that only GPU time is counted). ``--bk`` sets the tile's k step before it is
 compiled (one value a process: run the script once per value to compare). Beside them,
 ``matmul_tc_decode``'s linear kernel and, up to ``--gemv-max`` tokens, the GEMV; for gate/up,
-the tile followed by ``swiglu_kernel`` against ``tc_decode_swiglu`` (SwiGLU in its epilogue).
+the tile followed by ``swiglu_kernel`` against the tile with SwiGLU in its epilogue
+(``launch_tc_swiglu``, also checked against the reference) and ``tc_decode_swiglu``.
 
 The timed launches cycle through ``--weight-copies`` copies of each weight matrix (30 by default,
 as a decode step streams its 30 layers): one matrix replayed again and again sits in the H200's
@@ -42,7 +43,8 @@ from blink_edu.kernels.matmul_tc_decode import (  # noqa: E402
     tc_decode_items, tc_decode_linear_kernel, tc_decode_swiglu_kernel)
 from blink_edu.kernels import matmul_tc, matmul_tc_decode  # noqa: E402
 from blink_edu.kernels.matmul_tc import (  # noqa: E402
-    QUAD, launch_tc_linear, require_tc_operands, tc_steps_per_split, tile_geometry)
+    QUAD, launch_tc_linear, launch_tc_swiglu, require_tc_operands, tc_steps_per_split,
+    tile_geometry)
 from blink_edu.kernels.reduce import THREADS, cuda, grid_for  # noqa: E402
 from blink_edu.kernels.sync import spin_for_ns  # noqa: E402
 
@@ -125,10 +127,22 @@ def time_cublas(R: int, O: int, I: int, repeats: int, copies: int) -> float:
     return cp.cuda.get_elapsed_time(start, end) * 1e3 / repeats
 
 
+def check_swiglu_tile(kernel_args, reference) -> float:
+    """The tile with SwiGLU in its epilogue (``launch_tc_swiglu``) once, against the float64
+    reference gate/up (R, 2F): its relative error."""
+    R, F = reference.shape[0], reference.shape[1] // 2
+    act = cuda.to_device(np.full((R, F), np.nan, np.float32))
+    launch_tc_swiglu(*kernel_args[:6], act)
+    gate, up = reference[:, :F], reference[:, F:]
+    expected = gate / (1 + np.exp(-gate)) * up
+    return float(np.linalg.norm(act.copy_to_host() - expected) / np.linalg.norm(expected))
+
+
 def time_gate_up_with_swiglu(with_copy, R: int, F: int, num_sms: int, args) -> dict:
-    """µs of the gate/up projection followed by SwiGLU, two ways: the tile and then
-    ``swiglu_kernel`` (two kernels and the (R, 2F) gate_up through memory), and
-    ``tc_decode_swiglu`` (one kernel, SwiGLU in its epilogue)."""
+    """µs of the gate/up projection followed by SwiGLU, three ways: the tile as a plain linear
+    layer (the k range split as the executors split it: with its prologue) and then
+    ``swiglu_kernel`` (the (R, 2F) gate_up through memory); the tile with SwiGLU in its epilogue
+    (``launch_tc_swiglu``, one kernel, k never split); ``tc_decode_swiglu`` (one kernel)."""
     act = cuda.device_array((R, F), np.float32)
     swiglu_grid = grid_for(elementwise_items(R * F))
 
@@ -136,13 +150,19 @@ def time_gate_up_with_swiglu(with_copy, R: int, F: int, num_sms: int, args) -> d
         launch_tc_linear(*with_copy(i), stream=s, num_sms=num_sms)
         swiglu_kernel[swiglu_grid, THREADS, s](with_copy(i)[6], act)
 
+    def tile_swiglu(s, i):
+        launch_tc_swiglu(*with_copy(i)[:6], act, stream=s)
+
     def fused(s, i):
         x, x_rows, norm_w, eps, w, bias = with_copy(i)[:6]
         tc_decode_swiglu_kernel[grid_for(tc_decode_items("swiglu", R, F)), THREADS, s](
             x, x_rows, norm_w, eps, w, bias, act)
 
-    return {"tile_then_swiglu_us": time_in_graph(tile_then_swiglu, args.replays, args.runs),
-            "tc_decode_swiglu_us": time_in_graph(fused, args.replays, args.runs)}
+    out = {"tile_then_swiglu_us": time_in_graph(tile_then_swiglu, args.replays, args.runs),
+           "tile_swiglu_us": time_in_graph(tile_swiglu, args.replays, args.runs)}
+    if not args.tile_only:
+        out["tc_decode_swiglu_us"] = time_in_graph(fused, args.replays, args.runs)
+    return out
 
 
 def main(argv=None) -> int:
@@ -189,12 +209,8 @@ def main(argv=None) -> int:
             setattr(matmul_tc, name, value)
         matmul_tc.A_VALUES, matmul_tc.B_WORDS = QUAD * geometry.A_LOADS, QUAD * geometry.B_LOADS
         matmul_tc.LOADS = geometry.A_LOADS + geometry.B_LOADS
-        stages = matmul_tc.STAGES  # the pipelined tile's buffers follow the geometry too
-        matmul_tc.A32_STRIDE = geometry.BK + 8
-        matmul_tc.A32_TILE = stages * geometry.BM * matmul_tc.A32_STRIDE
-        matmul_tc.B_STAGES_TILE = stages * geometry.BN * geometry.STRIDE
-        shared = 4 * (matmul_tc.A32_TILE + matmul_tc.B_STAGES_TILE if stages > 1
-                      else geometry.A_TILE + geometry.B_TILE)
+        matmul_tc.SQ_SHAPE = (geometry.BM, geometry.A_QUADS)
+        shared = 4 * (geometry.A_TILE + geometry.B_TILE + geometry.BM * (geometry.A_QUADS + 1))
         if shared > 48 * 1024:
             parser.error(f"this tile needs {shared / 1024:.0f} KB of shared memory a block, over "
                          "the 48 KB of a static allocation: take a smaller tile or --bk 32")
@@ -240,6 +256,11 @@ def main(argv=None) -> int:
             if not dec_err < TOLERANCE:
                 print(f"{name} at R={R}: tc_decode relative error {dec_err:.2e} >= {TOLERANCE}")
                 return 1
+            if name == "gate_up":
+                swiglu_err = check_swiglu_tile(kernel_args, reference)
+                if not swiglu_err < TOLERANCE:
+                    print(f"gate_up + SwiGLU at R={R}: the tile's relative error {swiglu_err:.2e}")
+                    return 1
             if args.once:
                 print(f"{name:>8} {R:>4} {f'{O}x{I}':>12} {err:8.1e} | {steps:>5}", flush=True)
                 continue
@@ -266,7 +287,7 @@ def main(argv=None) -> int:
                 gemv_us = time_in_graph(lambda s, i: gemv_kernel[gemv_grid, THREADS, s](
                     *with_copy(i)[:8]), args.replays, args.runs)
             fused = {}
-            if name == "gate_up" and not args.tile_only:  # SwiGLU after the tile, or in matmul_tc_decode's epilogue
+            if name == "gate_up":  # SwiGLU after the tile, or in an epilogue
                 fused = time_gate_up_with_swiglu(with_copy, R, O // 2, num_sms, args)
             tflops = 2 * R * O * I / (tc_us * 1e-6) / 1e12
             weight_gbs = 2 * O * I / (tc_us * 1e-6) / 1e9
@@ -283,8 +304,9 @@ def main(argv=None) -> int:
                          "tc_decode_error": float(dec_err), "gemv_us": gemv_us, **fused})
             if fused:
                 print(f"{'':>8} {R:>4} gate_up + SwiGLU: tile then swiglu_kernel "
-                      f"{fused['tile_then_swiglu_us']:.1f} µs, matmul_tc_decode fused "
-                      f"{fused['tc_decode_swiglu_us']:.1f} µs", flush=True)
+                      f"{fused['tile_then_swiglu_us']:.1f} µs, the tile's epilogue "
+                      f"{fused['tile_swiglu_us']:.1f} µs, matmul_tc_decode's "
+                      f"{fused.get('tc_decode_swiglu_us', float('nan')):.1f} µs", flush=True)
     if args.json:
         import json
 

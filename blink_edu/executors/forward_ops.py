@@ -32,7 +32,7 @@ from typing import NamedTuple
 
 from ..kernels.attention import attention_work_items, paged_attention
 from ..kernels.elementwise import elementwise_items, embed_tokens, swiglu
-from ..kernels.linear import (GEMV_MAX_ROWS, TC_DECODE_MAX_ROWS, TC_SWIGLU_HOST_MAX_ROWS,
+from ..kernels.linear import (GEMV_MAX_ROWS, TC_DECODE_MAX_ROWS,
                               fuses_next_op, fuses_next_op_device, linear, linear_qkv_rope,
                               linear_swiglu, linear_work_items)
 from ..kernels.reduce import cuda, grid_for
@@ -64,9 +64,10 @@ op_of_device = cuda.jit(device=True)(op_of)
 
 def fused_into_linear(op, num_tokens, tensor_cores):
     """Whether ``op`` has nothing to do in a host-launched step (eager, graph) of ``num_tokens``
-    tokens, because the projection before it did it in its epilogue (RoPE and the KV write,
-    SwiGLU: ``linear.fuses_next_op``)."""
-    limit = TC_SWIGLU_HOST_MAX_ROWS if op == SWIGLU else TC_DECODE_MAX_ROWS
+    tokens, because the projection before it did it in its epilogue (``linear.fuses_next_op``):
+    RoPE and the KV write up to TC_DECODE_MAX_ROWS tokens, SwiGLU at any size on tensor cores
+    (``linear.launch_linear_swiglu``)."""
+    limit = num_tokens if op == SWIGLU else TC_DECODE_MAX_ROWS
     return (op == ROPE_KV or op == SWIGLU) and fuses_next_op(num_tokens, tensor_cores, limit)
 
 

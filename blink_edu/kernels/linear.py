@@ -42,7 +42,8 @@ Fusions save whole kernels and round trips through memory:
   rotation pair), or rows ``j`` and ``F + j`` of gate/up — so it rotates q and k and writes k
   and v to the paged pool, or applies SwiGLU, itself. Two launches (or grid barriers) a layer
   fewer (``executors/forward_ops.py`` skips the RoPE and SwiGLU ops then: ``fuses_next_op``;
-  a host's gate/up of more than ``TC_SWIGLU_HOST_MAX_ROWS`` tokens is faster unfused, on the tile).
+  a host's gate/up of more than ``TC_SWIGLU_HOST_MAX_ROWS`` tokens takes ``matmul_tc``'s tile,
+  whose SwiGLU epilogue pairs the columns another way).
   A GEMV of 2 tokens keeps them apart (``FUSED_GEMV_MAX_ROWS``: measured, a fused warp's
   two rows cost more than the launch they save once there are several tokens), and so does
   the shared-memory tile, whose outputs are not paired.
@@ -62,7 +63,7 @@ from ..backend import get_backend
 from . import loads
 from .loads import VEC, load8, load8_1d
 from .elementwise import silu_times
-from .matmul_tc import launch_tc_linear, plus_bias, store_output
+from .matmul_tc import launch_tc_linear, launch_tc_swiglu, plus_bias, store_output
 from .matmul_tc_decode import (tc_decode_items, tc_decode_linear, tc_decode_linear_kernel,
                                tc_decode_qkv_rope, tc_decode_qkv_rope_kernel, tc_decode_swiglu,
                                tc_decode_swiglu_kernel)
@@ -81,11 +82,12 @@ FUSED_GEMV_MAX_ROWS = 1
 # Batched steps of up to this many tokens take matmul_tc_decode's kernels (with float16 weights);
 # more take matmul_tc's shared-memory tile in the eager and graph executors.
 TC_DECODE_MAX_ROWS = 128
-# ... but a host-launched gate/up (eager, graph) of more tokens than this takes the split-K tile
-# and a SwiGLU kernel of its own: measured on the H200 with the weights streamed from HBM
-# (``tc_matmul_probe_h200_c9c8812.json``), matmul_tc_decode with SwiGLU fused took 12.6 µs
-# against 16.6 at 32 tokens, 21.7 against 18.1 at 64 and 33.2 against 21.2 at 128. The
-# persistent kernel has no tile (shared memory): it keeps the fusion up to TC_DECODE_MAX_ROWS.
+# ... but a host-launched gate/up (eager, graph) of more tokens than this takes the tensor-core
+# tile with SwiGLU in its epilogue (``matmul_tc.launch_tc_swiglu``): measured on the H200 with the
+# weights streamed from HBM (``tc_matmul_probe_h200_c9c8812.json``), matmul_tc_decode with SwiGLU
+# fused took 12.6 µs against 16.6 for the split-K tile and a SwiGLU kernel at 32 tokens, 21.7
+# against 18.1 at 64 and 33.2 against 21.2 at 128. The persistent kernel has no tile (shared
+# memory): it keeps matmul_tc_decode's fusion up to TC_DECODE_MAX_ROWS.
 TC_SWIGLU_HOST_MAX_ROWS = 32
 # Threads sharing one output row in the GEMV: a warp on a GPU, whose lanes add their partial sums
 # with shuffles. Numba's simulator has no shuffles, so there each thread owns a whole row.
@@ -383,9 +385,9 @@ def linear_path(num_rows: int, w) -> str:
 
 def fuses_next_op(num_rows, tensor_cores, max_batched_rows):
     """Whether a projection of a step of ``num_rows`` tokens does the next op in its epilogue
-    (``gemv_qkv_rope``/``gemv_swiglu`` at batch 1, their ``matmul_tc_decode`` twins for a decode
-    batch of up to ``max_batched_rows`` tokens on tensor cores), so that that op has nothing left
-    to do. The limits: TC_DECODE_MAX_ROWS, and TC_SWIGLU_HOST_MAX_ROWS for a host's gate/up."""
+    (``gemv_qkv_rope``/``gemv_swiglu`` at batch 1, their ``matmul_tc_decode`` twins — and for a
+    host's gate/up the tensor-core tile — for a batch of up to ``max_batched_rows`` tokens on
+    tensor cores), so that that op has nothing left to do."""
     return num_rows <= FUSED_GEMV_MAX_ROWS or (
         tensor_cores and GEMV_MAX_ROWS < num_rows <= max_batched_rows)
 
@@ -464,8 +466,13 @@ def launch_linear(x, x_rows, norm_w, eps, w, bias, out, accumulate, row_scale, s
 
 def launch_linear_swiglu(x, x_rows, norm_w, eps, w, bias, act, stream) -> None:
     """``linear_swiglu`` from the host, for a step ``fuses_next_op`` fuses: the GEMV's kernel at
-    batch 1, else ``matmul_tc_decode``'s, each compiled without the other."""
+    batch 1, ``matmul_tc_decode``'s up to TC_SWIGLU_HOST_MAX_ROWS tokens, the tensor-core tile's
+    beyond (``matmul_tc.launch_tc_swiglu``; ``matmul_tc_decode``'s again for an odd hidden size,
+    which the tile cannot read), each compiled without the others."""
     R, F = x_rows.shape[0], act.shape[1]
+    if R > TC_SWIGLU_HOST_MAX_ROWS and w.shape[1] % 2 == 0:
+        launch_tc_swiglu(x, x_rows, norm_w, eps, w, bias, act, stream)
+        return
     kernel, items = ((gemv_swiglu_kernel, gemv_work_items(F)) if R <= FUSED_GEMV_MAX_ROWS
                      else (tc_decode_swiglu_kernel, tc_decode_items("swiglu", R, F)))
     kernel[grid_for(items), THREADS, stream](x, x_rows, norm_w, eps, w, bias, act)

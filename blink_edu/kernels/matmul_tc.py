@@ -55,14 +55,6 @@ instead of growing with the length of the sum.
   mma, a B fragment ``MI``);
 * mma (16x8x16): the instruction above.
 
-An experiment beside it, ``BLINK_EDU_TILE_STAGES=3`` (``tc_matmul_pipelined``): the k steps
-copied by ``cp.async`` straight into three shared buffers, two steps in flight while the third
-is multiplied, the activations converted to fp16 as the fragments are built. It passes the same
-tests and, measured on the H200, is slower (gate/up at 512 tokens 28.5 µs against 23.5,
-``tc_matmul_pipelined_h200_2ed258d.json``): the loads are hidden, but every warp converts the
-same activations for itself and the instructions nearly double. The register-staged tile stays
-the default; the experiment stays as the worked example of ``cp.async`` from Python.
-
 **Split-K: enough blocks for a small batch.** A decode batch of 64 tokens has one row of tiles:
 the 576 x 576 output projection is 9 tiles of 64 x 64, 9 blocks on a GPU of 132
 multiprocessors, each walking k one step after the other and each step waiting ~1 µs for
@@ -74,14 +66,26 @@ bit for bit). A prompt chunk has tiles enough and takes all of k in one block, a
 **Prologue and epilogue.** Where the k range is split, partial tiles are *added* to ``out``, so
 what they are added onto is prepared first, by ``tc_prologue`` (a launch of its own, only when it
 has work): ``out`` set to the bias (``accumulate=0``) or the bias added to the residual already
-there (``accumulate=1``). Where it is not, each block writes its tile whole — bias and residual
-added in its epilogue, every load of the residual issued before the first store (``add_rows``).
-Either way the prologue puts each token's ``1 / rms`` for the RMSNorm in ``row_scale``. The norm is
-folded in as in the ``linear`` kernels: ``rms_norm(x) @ W.T = inv_rms(x) * ((x * g) @ W.T)`` —
-the norm weight ``g`` scales the activations as they are staged, ``row_scale`` each partial
-tile as it is added. The activations are rounded to fp16 after the norm weight and before
-``1 / rms``: ``|x * g|`` must stay below fp16's largest value, 65504 (a residual stream is far
-below it). ``launch_tc_linear`` makes both launches.
+there (``accumulate=1``), and each token's ``1 / rms`` for the RMSNorm put in ``row_scale`` — no
+block of a split sees a whole row. Where it is not split, there is no prologue: each block adds up
+the squares of the activations it stages anyway into shared memory (``store_step``), one
+thread a row sums them at the end (``tile_inv_rms``), and the block writes its tile whole — bias and residual added
+in its epilogue, every load of the residual issued before the first store (``add_rows``). The
+norm is folded in as in the ``linear`` kernels: ``rms_norm(x) @ W.T = inv_rms(x) * ((x * g) @
+W.T)`` — the norm weight ``g`` scales the activations as they are staged, ``1 / rms`` each row
+of the tile as it is written. The activations are rounded to fp16 after the norm weight and
+before ``1 / rms``: ``|x * g|`` must stay below fp16's largest value, 65504 (a residual stream
+is far below it). ``launch_tc_linear`` makes the launches.
+
+**SwiGLU in the epilogue.** The MLP's gate/up projection is followed by ``silu(gate) * up``, an
+element-wise op that would cost a launch and a round trip of ``(R, 2F)`` through memory. If
+``gate[:, j]`` and ``up[:, j]`` end up in the same lane's registers, the tile can apply it before
+it stores anything. The ``mma`` layout makes that cheap: a lane holds the same positions of every
+n tile of its warp, so the tile's columns are *relabelled* — 8 gate rows of ``[W_gate; W_up]``,
+then the same 8 up rows, and so on (``gate_up_row``: only the weight rows a thread loads
+change) — and n tiles 2q and 2q + 1 of a warp hold the gate and the up of the same ``j`` in the
+same accumulator slots (``swiglu_rows``). SwiGLU needs whole sums, so this tile never splits its
+k range: ``launch_tc_swiglu``, one launch for what was a prologue, a tile and a SwiGLU kernel.
 
 **Two forms, one tile.** Inline PTX cannot run in Numba's simulator, so the two instructions this
 tile needs — ``mma_m16n8k16`` and ``pack_half2`` (two fp32 to an fp16 pair) — have a simulator
@@ -100,7 +104,6 @@ block (128 on a GPU, 32 in the simulator), like every other op kernel.
 from __future__ import annotations
 
 import math
-import os
 from typing import NamedTuple
 
 import numpy as np
@@ -108,6 +111,7 @@ from numba import float32, int32, uint32
 
 from . import loads
 from .loads import ByAlignment, load4_flat
+from .elementwise import silu_times
 from .reduce import SIMULATOR, THREADS, WARP, block_sum, cuda, grid_for
 from .reduce import THREADS as OP_THREADS  # the prologue's block: the reductions' size
 
@@ -118,6 +122,7 @@ ACC_SHAPE = (MI, NI, 4)  # each lane's accumulators: c0..c3 of every mma tile of
 A_FRAG = (MI, 4)  # a0..a3 for each of the MI row tiles
 B_FRAG = (NI, 2)  # b0, b1 for each of the NI column tiles
 QUAD = 4  # 32-bit words one 16-byte load brings: 4 fp32 activations, or 4 fp16 weight pairs
+SWIGLU_GROUP = 8  # gate/up with SwiGLU: columns alternate, 8 of the gate, the same 8 of the up
 
 
 class TileGeometry(NamedTuple):
@@ -153,42 +158,25 @@ def tile_geometry(threads: int, bk: int) -> TileGeometry:
     stride = kp + 4
     a_quads, b_quads = bk // QUAD, bk // (2 * QUAD)
     a_rows, b_rows = threads // a_quads, threads // b_quads
-    # (mma_step writes out the 16-wide k slices of a step: 2 or 4)
+    # (mma_step writes out the 16-wide k slices of a step: 2 or 4; a thread a row adds up the
+    # norm's squares; a warp's columns are whole gate/up groups of 16 for the SwiGLU epilogue)
     assert threads % a_quads == 0 and bm % a_rows == 0 and bn % b_rows == 0 and kp in (16, 32)
+    assert bm <= threads and WN % (2 * SWIGLU_GROUP) == 0
     return TileGeometry(threads, warps, warps_m, warps // warps_m, bm, bn, bk, kp, stride,
                         a_quads, a_rows, bm // a_rows, b_quads, b_rows, bn // b_rows,
                         2 * bm * stride, 2 * bn * stride, (warps, WARP, 6), (warps, WARP))
 
 
-def tile_stages(value: str | None) -> int:
-    """Shared-memory stages of the tile, from ``BLINK_EDU_TILE_STAGES`` (read once, at import):
-    1 by default — the loads of the next k step staged through registers into the second of two
-    buffers (``tc_matmul``) — or 3, the experiment of ``tc_matmul_pipelined``: ``cp.async``
-    copies straight into three buffers, two k steps in flight while the third is multiplied
-    (``tools/compile_check.py`` for sm_90: 124 registers and 46 KB of shared memory a block,
-    against 166 and 36 KB; SASS: ``LDGSTS.128`` copies, ``LDS.64`` fragments of A)."""
-    stages = int(value or 1)
-    if stages not in (1, 3):
-        raise ValueError(f"BLINK_EDU_TILE_STAGES must be 1 or 3, got {value!r}")
-    return stages
-
-
-STAGES = tile_stages(os.environ.get("BLINK_EDU_TILE_STAGES"))
 # k per shared-memory step: 64 on a GPU (a thread then has 8 + 4 sixteen-byte loads in flight a
 # step), 32 in the simulator, so that tests with a small I still cross several steps and both
-# buffers; 32 for three stages (three of 64 would not fit a block's 48 KB of static shared memory).
-GEOMETRY = tile_geometry(THREADS, 32 if SIMULATOR or STAGES > 1 else 64)
+# buffers.
+GEOMETRY = tile_geometry(THREADS, 32 if SIMULATOR else 64)
 # Numba reads module globals as compile-time constants (and global tuples as array shapes).
 (THREADS, WARPS, WARPS_M, WARPS_N, BM, BN, BK, KP, STRIDE, A_QUADS, A_ROWS, A_LOADS, B_QUADS,
  B_ROWS, B_LOADS, A_TILE, B_TILE, REGS_SHAPE, ROWS_SHAPE) = GEOMETRY
 A_VALUES, B_WORDS = QUAD * A_LOADS, QUAD * B_LOADS  # registers a thread stages per k step
 LOADS = A_LOADS + B_LOADS  # 16-byte loads a thread issues per k step
-# The pipelined tile keeps the activations as they arrive, float32 (converted to fp16 as the
-# fragments are built): rows of BK + 8 words, so that lane (g, t)'s word 2t of row g falls in
-# bank 8g + 2t — no two lanes of a half-warp on one bank.
-A32_STRIDE = BK + 8
-A32_TILE = STAGES * BM * A32_STRIDE  # (STAGES x BM x A32_STRIDE,) float32, flat
-B_STAGES_TILE = STAGES * BN * STRIDE  # (STAGES x BN x STRIDE,) fp16 pairs, flat
+SQ_SHAPE = (BM, A_QUADS)  # each staging thread's sum of squares of its share of a row (norm)
 
 # --- the two instructions: inline PTX on a GPU, Python in the simulator ------------------------
 if SIMULATOR:
@@ -245,28 +233,6 @@ if SIMULATOR:
         cuda.syncthreads()  # every lane has read the offsets: the next call may overwrite them
         return words
 
-    @cuda.jit(device=True)
-    def cp_async16(tile, at, src, src_at, nbytes):
-        """Simulator form of ``cp.async`` (16 bytes): words ``src_at .. + 3`` of ``src`` (flat)
-        into ``tile[at .. at + 3]`` at once; zeros where ``nbytes`` is 0."""
-        flat = src.reshape(-1)
-        for u in range(4):
-            tile[at + u] = flat[src_at + u] if nbytes else 0
-
-    @cuda.jit(device=True)
-    def cp_async4(tile, at, src, src_at, nbytes):
-        """Simulator form of ``cp.async`` (4 bytes): one word, or a zero where ``nbytes`` is 0."""
-        tile[at] = src.reshape(-1)[src_at] if nbytes else 0
-
-    @cuda.jit(device=True)
-    def cp_async_commit():
-        """Simulator form: the copies have landed already."""
-
-    @cuda.jit(device=True)
-    def cp_async_wait_stages():
-        """Simulator form: nothing is in flight."""
-
-    cp_async_wait_all = cp_async_wait_stages
 
 else:
     from llvmlite import ir
@@ -345,60 +311,6 @@ else:
         return sig, codegen
 
 
-    def _cp_async(size: int, cache: str):
-        """An intrinsic ``(tile, at, src, src_at, nbytes)``: ``cp.async.{cache}.shared.global`` of
-        ``size`` bytes from word ``src_at`` of ``src`` (flat) to word ``at`` of the shared ``tile``,
-        in the background; ``nbytes`` < ``size`` fills the rest with zeros (0: nothing is read)."""
-
-        @intrinsic
-        def cp_async(typingctx, tile, at, src, src_at, nbytes):
-            sig = types.void(tile, at, src, src_at, nbytes)
-
-            def codegen(context, builder, signature, args):
-                i32, i64 = ir.IntType(32), ir.IntType(64)
-
-                def word(k, space):  # the address of word args[k + 1] of array args[k]
-                    ary = context.make_array(signature.args[k])(context, builder, args[k])
-                    offset = context.cast(builder, args[k + 1], signature.args[k + 1], types.intp)
-                    at = builder.gep(builder.bitcast(ary.data, i32.as_pointer()), [offset])
-                    return builder.addrspacecast(at, ir.PointerType(i32, space))
-
-                dst = builder.ptrtoint(word(0, 3), i32)  # generic -> .shared
-                src_ = builder.ptrtoint(word(2, 1), i64)  # generic -> .global
-                n = context.cast(builder, args[4], signature.args[4], types.uint32)
-                asm = ir.InlineAsm(ir.FunctionType(ir.VoidType(), [i32, i64, i32]),
-                                   f"cp.async.{cache}.shared.global [$0], [$1], {size}, $2;",
-                                   "r,l,r,~{memory}", side_effect=True)
-                builder.call(asm, [dst, src_, n])
-                return context.get_dummy_value()
-
-            return sig, codegen
-
-        return cp_async
-
-    def _asm_statement(text: str):
-        """An intrinsic of no arguments that emits one PTX statement (a memory clobber: the
-        compiler moves no load or store across it)."""
-
-        @intrinsic
-        def statement(typingctx):
-            def codegen(context, builder, signature, args):
-                asm = ir.InlineAsm(ir.FunctionType(ir.VoidType(), []), text, "~{memory}",
-                                   side_effect=True)
-                builder.call(asm, [])
-                return context.get_dummy_value()
-
-            return types.void(), codegen
-
-        return statement
-
-    cp_async16 = _cp_async(16, "cg")  # 16 bytes, L2 only (.cg takes 16 bytes alone)
-    cp_async4 = _cp_async(4, "ca")
-    cp_async_commit = _asm_statement("cp.async.commit_group;")  # close this thread's group
-    # wait until at most STAGES - 2 of this thread's groups are still in flight: the oldest landed
-    cp_async_wait_stages = _asm_statement(f"cp.async.wait_group {max(STAGES - 2, 0)};")
-    cp_async_wait_all = _asm_statement("cp.async.wait_all;")
-
 
 # --- the tile ----------------------------------------------------------------------------------
 @cuda.jit(device=True, inline=True)
@@ -452,19 +364,25 @@ def norm_weights(norm_w, k, wide):
 
 
 @cuda.jit(device=True, inline=True)
-def store_step(xa, wb, norm_w, kt, wide, a_tile, b_tile, buf):
+def store_step(xa, wb, norm_w, kt, wide, a_tile, b_tile, buf, squares, row_sq):
     """Registers -> shared buffer ``buf``: activations times the norm weight, rounded to fp16
     pairs (2 words a quad); weights as they are (4 words a quad). The shared tiles are flat:
     word (buf, row, col) at ``(buf * rows + row) * STRIDE + col``, indexed by unsigned offsets
-    (``mma_step`` says why)."""
+    (``mma_step`` says why). With ``squares`` (the norm's 1 / rms is the tile's to find) the
+    activations' squares are added onto this thread's entries of ``row_sq`` (BM, A_QUADS)
+    shared — there, not in registers: eight running sums held across the k loop cost the
+    kernel 36 registers (202 against 166 for sm_90), a block of occupancy."""
     tid = cuda.threadIdx.x
     qa = tid % A_QUADS
     g0, g1, g2, g3 = norm_weights(norm_w, kt * BK + QUAD * qa, wide)
     a_at = uint32((buf * BM + tid // A_QUADS) * STRIDE + 2 * qa)  # row tid // A_QUADS, word 2 qa
     for j in range(A_LOADS):
+        x0, x1, x2, x3 = xa[QUAD * j], xa[QUAD * j + 1], xa[QUAD * j + 2], xa[QUAD * j + 3]
         at = a_at + uint32(j * A_ROWS * STRIDE)
-        a_tile[at] = pack_half2(xa[QUAD * j] * g0, xa[QUAD * j + 1] * g1)
-        a_tile[at + uint32(1)] = pack_half2(xa[QUAD * j + 2] * g2, xa[QUAD * j + 3] * g3)
+        a_tile[at] = pack_half2(x0 * g0, x1 * g1)
+        a_tile[at + uint32(1)] = pack_half2(x2 * g2, x3 * g3)
+        if squares:
+            row_sq[tid // A_QUADS + j * A_ROWS, qa] += x0 * x0 + x1 * x1 + x2 * x2 + x3 * x3
     b_at = uint32((buf * BN + tid // B_QUADS) * STRIDE + QUAD * (tid % B_QUADS))
     for j in range(B_LOADS):
         at = b_at + uint32(j * B_ROWS * STRIDE)
@@ -546,9 +464,19 @@ def store_output(out, r, o, y, bias, accumulate):
 
 
 @cuda.jit(device=True, inline=True)
-def add_rows(out, r0, o0, acc, norm_w, row_scale, bias, accumulate, shared, full):
+def row_scale_of(norm_w, row_scale, inv_rms, r, tile_row, shared):
+    """Row r's 1 / rms: 1 without a norm; the prologue's ``row_scale[r]`` where the k range is
+    ``shared`` (split: no block sees all of a row); else the tile's ``inv_rms[tile_row]``."""
+    if norm_w.shape[0] == 0:
+        return float32(1)
+    return row_scale[r] if shared else inv_rms[tile_row]
+
+
+@cuda.jit(device=True, inline=True)
+def add_rows(out, r0, o0, acc, norm_w, row_scale, inv_rms, bias, accumulate, shared, full):
     """Each lane's accumulators onto ``out``: c0, c1 at row g, columns 2t, 2t+1 of every mma
-    tile, c2, c3 at row g + 8; with a norm each row scaled by its ``row_scale`` (1 / rms);
+    tile, c2, c3 at row g + 8; with a norm each row scaled by its 1 / rms (``row_scale[r]`` from
+    the prologue where k is split, else ``inv_rms``, the tile's own: ``tile_inv_rms``);
     nothing past the last row, or column unless the tile is ``full``. Where other blocks add
     their part of k to the same elements (``shared``: the k range is split) an atomic add onto
     what ``tc_prologue`` put there (the bias, the residual, zeros). Otherwise this block owns the
@@ -569,7 +497,7 @@ def add_rows(out, r0, o0, acc, norm_w, row_scale, bias, accumulate, shared, full
         for half in range(2):  # rows g (c0, c1) and g + 8 (c2, c3)
             r = r0 + m0 + mi * 16 + half * 8 + g
             if r < R:
-                scale = row_scale[r] if norm_w.shape[0] > 0 else float32(1)
+                scale = row_scale_of(norm_w, row_scale, inv_rms, r, r - r0, shared)
                 for ni in range(NI):
                     for c in range(2):
                         o = uint32(o0 + n0 + ni * 8 + 2 * t + c)
@@ -610,17 +538,74 @@ def whole_tile_pass(out, r0, o0, acc, load, full):
 
 
 @cuda.jit(device=True, inline=True)
-def add_tile(out, r0, o0, acc, norm_w, row_scale, bias, accumulate, shared):
+def add_tile(out, r0, o0, acc, norm_w, row_scale, inv_rms, bias, accumulate, shared):
     """``add_rows`` for the tile at (r0, o0), with its two flags made constants."""
     if o0 + BN <= out.shape[1]:  # every column of the tile exists (all but an odd O's last)
         if shared:
-            add_rows(out, r0, o0, acc, norm_w, row_scale, bias, accumulate, True, True)
+            add_rows(out, r0, o0, acc, norm_w, row_scale, inv_rms, bias, accumulate, True, True)
         else:
-            add_rows(out, r0, o0, acc, norm_w, row_scale, bias, accumulate, False, True)
+            add_rows(out, r0, o0, acc, norm_w, row_scale, inv_rms, bias, accumulate, False, True)
     elif shared:
-        add_rows(out, r0, o0, acc, norm_w, row_scale, bias, accumulate, True, False)
+        add_rows(out, r0, o0, acc, norm_w, row_scale, inv_rms, bias, accumulate, True, False)
     else:
-        add_rows(out, r0, o0, acc, norm_w, row_scale, bias, accumulate, False, False)
+        add_rows(out, r0, o0, acc, norm_w, row_scale, inv_rms, bias, accumulate, False, False)
+
+
+@cuda.jit(device=True, inline=True)
+def swiglu_rows(act, r0, o0, acc, norm_w, inv_rms, bias):
+    """The SwiGLU epilogue: act[r, j] = silu(gate) * up for this lane's outputs. The tile's
+    columns alternate (``gate_up_row``): 8 of the gate, then the same 8 of the up projection, so
+    a warp's n tiles 2q and 2q + 1 hold the gate and the up of the same j in the same registers,
+    and j = (o0 + n0) / 2 + 8q + 2t + c. Scaled by the tile's 1 / rms (the k range is never
+    split here), plus the bias of each of the two rows of ``[W_gate; W_up]``; act (R, F)."""
+    warp, lane = cuda.threadIdx.x // WARP, cuda.threadIdx.x % WARP
+    g, t = lane // 4, lane % 4
+    m0, n0 = (warp // WARPS_N) * WM, (warp % WARPS_N) * WN
+    R, F = act.shape
+    for mi in range(MI):
+        for half in range(2):  # rows g (c0, c1) and g + 8 (c2, c3)
+            r = r0 + m0 + mi * 16 + half * 8 + g
+            if r < R:
+                scale = row_scale_of(norm_w, norm_w, inv_rms, r, r - r0, False)
+                for q in range(NI // 2):
+                    for c in range(2):
+                        j = uint32((o0 + n0) // 2 + q * SWIGLU_GROUP + 2 * t + c)
+                        if j < F:
+                            gate = plus_bias(acc[mi, 2 * q, 2 * half + c] * scale, bias, j)
+                            up = plus_bias(acc[mi, 2 * q + 1, 2 * half + c] * scale, bias, F + j)
+                            act[r, j] = silu_times(gate, up)
+
+
+def swiglu_columns(F: int) -> int:
+    """The tile's columns for gate/up with SwiGLU: F gate and F up rows in alternating groups of
+    SWIGLU_GROUP, the last group padded."""
+    return 2 * SWIGLU_GROUP * ((F + SWIGLU_GROUP - 1) // SWIGLU_GROUP)
+
+
+swiglu_columns_device = cuda.jit(device=True, inline=True)(swiglu_columns)
+
+
+@cuda.jit(device=True, inline=True)
+def gate_up_row(col, F):
+    """The row of ``[W_gate; W_up]`` (2F rows) behind column ``col`` of the SwiGLU tile: groups of
+    SWIGLU_GROUP columns alternate gate, up, gate, up ...; a padding column reads a real row."""
+    j = min((col // (2 * SWIGLU_GROUP)) * SWIGLU_GROUP + col % SWIGLU_GROUP, F - 1)
+    return j + F if col % (2 * SWIGLU_GROUP) >= SWIGLU_GROUP else j
+
+
+@cuda.jit(device=True, inline=True)
+def tile_inv_rms(I, eps, row_sq, inv_rms):
+    """The norm's 1 / rms of the tile's BM rows into ``inv_rms`` (BM,) shared, from the staging
+    threads' sums of squares in ``row_sq`` (BM, A_QUADS) shared: A_QUADS threads stage a row,
+    and one thread a row adds up their sums. (The last k step ended at a barrier: every sum is
+    in.) Ends at a barrier: ``row_sq`` may be zeroed for the next item."""
+    tid = cuda.threadIdx.x
+    if tid < BM:
+        total = float32(0)
+        for q in range(A_QUADS):
+            total += row_sq[tid, q]
+        inv_rms[tid] = float32(1) / math.sqrt(total / I + eps)
+    cuda.syncthreads()
 
 
 def tile_counts(R, O, I, steps_per_split):
@@ -647,19 +632,23 @@ def work_item(item, tiles, m_tiles, steps_per_split, k_steps):
 
 
 @cuda.jit(device=True, inline=True)
-def start_item(x_rows, I, O, r0, o0, rows, at, acc):
+def start_item(x_rows, I, N, O, r0, o0, rows, at, acc, row_sq, swiglu):
     """Before a work item's first k step: this thread's loads — ``rows`` (LOADS,) the x row,
     then the w row, of each; ``at`` their flat offsets at k step 0, so that a step's address is
-    one addition away — and zero accumulators ``acc`` (MI, NI, 4). A row past R or O reads a
-    real one instead (its outputs are never stored): no test on the way, and only the column is
-    checked, once a step."""
+    one addition away — and zero accumulators ``acc`` (MI, NI, 4) and this thread's sums of
+    squares in ``row_sq``.
+    Column ``o`` of the tile's N reads row o of w's O, or with ``swiglu`` (a constant) row
+    ``gate_up_row(o)``. A row past R or N reads a real one instead (its outputs are never
+    stored): no test on the way, and only the column is checked, once a step."""
     tid = cuda.threadIdx.x
     R = x_rows.shape[0]
     for j in range(A_LOADS):
         rows[j] = x_rows[min(r0 + tid // A_QUADS + j * A_ROWS, R - 1)]
         at[j] = uint32(rows[j] * I + QUAD * (tid % A_QUADS))
+        row_sq[tid // A_QUADS + j * A_ROWS, tid % A_QUADS] = 0
     for j in range(B_LOADS):
-        rows[A_LOADS + j] = min(o0 + tid // B_QUADS + j * B_ROWS, O - 1)
+        o = min(o0 + tid // B_QUADS + j * B_ROWS, N - 1)
+        rows[A_LOADS + j] = gate_up_row(o, O // 2) if swiglu else o
         at[A_LOADS + j] = uint32(rows[A_LOADS + j] * (I // 2) + QUAD * (tid % B_QUADS))
     for mi in range(MI):
         for ni in range(NI):
@@ -668,22 +657,28 @@ def start_item(x_rows, I, O, r0, o0, rows, at, acc):
 
 
 @cuda.jit(device=True, inline=True)
-def tc_matmul(x, x_rows, norm_w, w, bias, row_scale, out, accumulate, steps_per_split, wide,
-              block, n_blocks):
+def tc_matmul(x, x_rows, norm_w, eps, w, bias, row_scale, out, accumulate, steps_per_split,
+              wide, swiglu, block, n_blocks):
     """out (R, O) (+)= rms_norm?(x[x_rows]) @ w.T + bias, on tensor cores, work items ``block``,
-    ``block + n_blocks``, ... of ``tc_work_items(R, O, I, steps_per_split)``; ``row_scale`` (R,)
-    holds each row's 1 / rms (``tc_prologue``). When the k range is split, ``out`` holds what
-    the prologue put there (the bias, the residual, zeros) and the splits add onto it; when it
-    is not, each block writes its tile whole (``add_rows``).
+    ``block + n_blocks``, ... of ``tc_work_items(R, O, I, steps_per_split)``. When the k range
+    is split, ``out`` holds what the prologue put there (the bias, the residual, zeros), the
+    splits add onto it and ``row_scale`` (R,) holds each row's 1 / rms (``tc_prologue``); when
+    it is not, each block finds its rows' 1 / rms itself and writes its tile whole
+    (``add_rows``). With ``swiglu`` (a constant; k never split) w is ``[W_gate; W_up]`` (2F, I),
+    the tile's columns alternate between them (``gate_up_row``: ``swiglu_columns(F)`` of them)
+    and ``out`` is act (R, F) = silu(gate) * up (``swiglu_rows``).
     x (T, I) f32; x_rows (R,) i32; norm_w (I,) f32 or (0,); w (O, I) f16, I even; bias (O,) f32
     or (0,); ``wide``: I % 8 == 0, every row 16-byte aligned (a constant of each build of
     ``tc_matmul_kernel``). A work item is one BM x BN tile of ``out`` over ``steps_per_split``
     k steps of BK. Every thread of the block must call it."""
     R = x_rows.shape[0]
     O, I = w.shape
+    N = swiglu_columns_device(O // 2) if swiglu else O  # the tile's columns
     w2 = fp16_pairs(w)  # (O, I // 2) uint32: word j of row o = w[o, 2j] (low half), w[o, 2j+1]
     a_tile = cuda.shared.array(A_TILE, uint32)  # (2 x BM x STRIDE,) fp16 pairs of activations
     b_tile = cuda.shared.array(B_TILE, uint32)  # (2 x BN x STRIDE,) fp16 pairs of weights
+    row_sq = cuda.shared.array(SQ_SHAPE, float32)  # (BM, A_QUADS) partial sums of squares
+    inv_rms = cuda.shared.array(BM, float32)  # (BM,) the tile's rows' 1 / rms
     acc = cuda.local.array(ACC_SHAPE, float32)  # (MI, NI, 4) this lane's outputs
     afrag = cuda.local.array(A_FRAG, uint32)  # (MI, 4)
     bfrag = cuda.local.array(B_FRAG, uint32)  # (NI, 2)
@@ -691,12 +686,13 @@ def tc_matmul(x, x_rows, norm_w, w, bias, row_scale, out, accumulate, steps_per_
     wb = cuda.local.array(B_WORDS, uint32)  # (B_WORDS,) staged weight pairs
     rows = cuda.local.array(LOADS, int32)  # (A_LOADS + B_LOADS,) the row of each load
     at = cuda.local.array(LOADS, uint32)  # (A_LOADS + B_LOADS,) its flat offset at k step 0
-    m_tiles, tiles, k_steps, splits = tile_counts_device(R, O, I, steps_per_split)
+    m_tiles, tiles, k_steps, splits = tile_counts_device(R, N, I, steps_per_split)
+    squares = norm_w.shape[0] > 0 and splits == 1  # this tile finds its rows' 1 / rms
     for item in range(block, tiles * splits, n_blocks):
         r0, o0, k_first, k_end = work_item(item, tiles, m_tiles, steps_per_split, k_steps)
-        start_item(x_rows, I, O, r0, o0, rows, at, acc)
+        start_item(x_rows, I, N, O, r0, o0, rows, at, acc, row_sq, swiglu)
         load_step(x, w2, rows, at, k_first, wide, xa, wb)
-        store_step(xa, wb, norm_w, k_first, wide, a_tile, b_tile, 0)
+        store_step(xa, wb, norm_w, k_first, wide, a_tile, b_tile, 0, squares, row_sq)
         cuda.syncthreads()
         for kt in range(k_first, k_end):
             buf = (kt - k_first) % 2
@@ -704,120 +700,15 @@ def tc_matmul(x, x_rows, norm_w, w, bias, row_scale, out, accumulate, steps_per_
                 load_step(x, w2, rows, at, kt + 1, wide, xa, wb)
             mma_step(a_tile, b_tile, buf, acc, afrag, bfrag)
             if kt + 1 < k_end:  # the other buffer: nobody reads it during this step
-                store_step(xa, wb, norm_w, kt + 1, wide, a_tile, b_tile, 1 - buf)
+                store_step(xa, wb, norm_w, kt + 1, wide, a_tile, b_tile, 1 - buf, squares,
+                           row_sq)
             cuda.syncthreads()
-        add_tile(out, r0, o0, acc, norm_w, row_scale, bias, accumulate, splits > 1)
-
-
-# --- the pipelined tile (BLINK_EDU_TILE_STAGES=3: an experiment, measured slower) ---------------
-# ``tc_matmul`` has one k step of loads in flight: it issues step k + 1's loads into registers,
-# multiplies step k, then waits for them to land, converts and stores them, and meets the block
-# at a barrier. Measured on the H200 its blocks take ~2.5 µs a k step at 512 tokens, and bigger
-# block tiles were slower (``tc_matmul_tile_variants_h200_19410e8.json``). Here the loads are
-# ``cp.async``: the memory system copies global memory into shared memory by itself, no registers
-# on the way, and a thread only waits when it needs a step. With STAGES buffers, the copies of the
-# next STAGES - 1 k steps are in flight while one is multiplied. The activations land as float32
-# and become fp16 fragments as each warp reads them (times the RMSNorm weight), where
-# ``tc_matmul`` converted them once on their way into shared memory. Measured (one H200 call,
-# Nsight Compute): the memory stalls went (long_scoreboard 2.4 -> 0.8 cycles an instruction) and
-# the instructions nearly doubled, so the kernel got slower (23.5 -> 28.5 µs, 512-token gate/up).
-
-
-@cuda.jit(device=True, inline=True)
-def copy_quad(tile, at, src, src_at, col, n, wide):
-    """Start copying words ``src_at .. + 3`` of ``src`` (flat; columns ``col .. col + 3`` of a row
-    of ``n``) to ``tile[at .. at + 3]``; zeros past column ``n``. ``wide``: one 16-byte copy, the
-    quad all inside or all outside; else a word at a time."""
-    if wide:
-        cp_async16(tile, at, src, src_at, 16 if col < n else 0)
-    else:
-        for u in range(QUAD):
-            cp_async4(tile, at + uint32(u), src, src_at + uint32(u), 4 if col + u < n else 0)
-
-
-@cuda.jit(device=True, inline=True)
-def issue_step(x, w2, at, kt, wide, a32, b_tile, stage):
-    """Start the copies of k step ``kt`` into buffer ``stage``: this thread's A_LOADS quads of fp32
-    activations (rows as ``load_step`` reads them) and B_LOADS quads of fp16 weight pairs."""
-    tid = cuda.threadIdx.x
-    qa, qb = tid % A_QUADS, tid % B_QUADS
-    a_at = uint32((stage * BM + tid // A_QUADS) * A32_STRIDE + QUAD * qa)
-    for j in range(A_LOADS):
-        copy_quad(a32, a_at + uint32(j * A_ROWS * A32_STRIDE), x, at[j] + uint32(kt * BK),
-                  kt * BK + QUAD * qa, x.shape[1], wide)
-    b_at = uint32((stage * BN + tid // B_QUADS) * STRIDE + QUAD * qb)
-    for j in range(B_LOADS):
-        copy_quad(b_tile, b_at + uint32(j * B_ROWS * STRIDE), w2,
-                  at[A_LOADS + j] + uint32(kt * KP), kt * KP + QUAD * qb, w2.shape[1], wide)
-
-
-@cuda.jit(device=True, inline=True)
-def norm_at(norm_w, k):
-    """The RMSNorm weight of input k; 1 without a norm or past I."""
-    return norm_w[k] if k < norm_w.shape[0] else float32(1)
-
-
-@cuda.jit(device=True, inline=True)
-def mma_step_fp32(a32, b_tile, stage, kt, norm_w, acc, afrag, bfrag):
-    """The warp's share of k step ``kt`` from buffer ``stage``: for each 16-wide k slice, the A
-    fragments built from the float32 activations (lane (g, t): rows g, g + 8, k pairs 2t and
-    2t + 8, times their norm weights, rounded to fp16 pairs), the B fragments by ``ldmatrix_x4``,
-    then MI x NI mma."""
-    warp, lane = cuda.threadIdx.x // WARP, cuda.threadIdx.x % WARP
-    g, t = lane // 4, lane % 4
-    i, r = lane // 8, lane % 8
-    m0, n0 = (warp // WARPS_N) * WM, (warp % WARPS_N) * WN
-    a_at = uint32((stage * BM + m0 + g) * A32_STRIDE + 2 * t)
-    b_at = uint32((stage * BN + n0 + (i // 2) * 8 + r) * STRIDE + (i % 2) * 4)
-    for ks in range(BK // 16):
-        k = kt * BK + ks * 16 + 2 * t
-        g0, g1 = norm_at(norm_w, k), norm_at(norm_w, k + 1)
-        g2, g3 = norm_at(norm_w, k + 8), norm_at(norm_w, k + 9)
-        for mi in range(MI):
-            row_g = a_at + uint32(mi * 16 * A32_STRIDE + ks * 16)  # row g, k pair t
-            row_g8 = row_g + uint32(8 * A32_STRIDE)  # row g + 8
-            afrag[mi, 0] = pack_half2(a32[row_g] * g0, a32[row_g + uint32(1)] * g1)
-            afrag[mi, 1] = pack_half2(a32[row_g8] * g0, a32[row_g8 + uint32(1)] * g1)
-            afrag[mi, 2] = pack_half2(a32[row_g + uint32(8)] * g2, a32[row_g + uint32(9)] * g3)
-            afrag[mi, 3] = pack_half2(a32[row_g8 + uint32(8)] * g2, a32[row_g8 + uint32(9)] * g3)
-        b_fragments_and_mma(b_tile, b_at + uint32(ks * 8), acc, afrag, bfrag)
-
-
-@cuda.jit(device=True, inline=True)
-def tc_matmul_pipelined(x, x_rows, norm_w, w, bias, row_scale, out, accumulate, steps_per_split,
-                        wide, block, n_blocks):
-    """``tc_matmul``'s contract and work items, its k steps copied by ``cp.async`` into STAGES
-    shared buffers (the section above). Every thread of the block must call it."""
-    R = x_rows.shape[0]
-    O, I = w.shape
-    w2 = fp16_pairs(w)  # (O, I // 2) uint32
-    a32 = cuda.shared.array(A32_TILE, float32)  # (STAGES x BM x A32_STRIDE,) activations
-    b_tile = cuda.shared.array(B_STAGES_TILE, uint32)  # (STAGES x BN x STRIDE,) weight pairs
-    acc = cuda.local.array(ACC_SHAPE, float32)  # (MI, NI, 4) this lane's outputs
-    afrag = cuda.local.array(A_FRAG, uint32)  # (MI, 4)
-    bfrag = cuda.local.array(B_FRAG, uint32)  # (NI, 2)
-    rows = cuda.local.array(LOADS, int32)  # (A_LOADS + B_LOADS,) the row of each copy
-    at = cuda.local.array(LOADS, uint32)  # (A_LOADS + B_LOADS,) its flat offset at k step 0
-    m_tiles, tiles, k_steps, splits = tile_counts_device(R, O, I, steps_per_split)
-    for item in range(block, tiles * splits, n_blocks):
-        r0, o0, k_first, k_end = work_item(item, tiles, m_tiles, steps_per_split, k_steps)
-        start_item(x_rows, I, O, r0, o0, rows, at, acc)
-        for s in range(STAGES - 1):  # the first steps' copies, one group each (empty past k_end)
-            if k_first + s < k_end:
-                issue_step(x, w2, at, k_first + s, wide, a32, b_tile, s)
-            cp_async_commit()
-        for kt in range(k_first, k_end):
-            step = kt - k_first
-            cp_async_wait_stages()  # this thread's copies of step kt have landed ...
-            cuda.syncthreads()  # ... every thread's; and step kt - 1's buffer is free again
-            if kt + STAGES - 1 < k_end:
-                issue_step(x, w2, at, kt + STAGES - 1, wide, a32, b_tile,
-                           (step + STAGES - 1) % STAGES)
-            cp_async_commit()
-            mma_step_fp32(a32, b_tile, step % STAGES, kt, norm_w, acc, afrag, bfrag)
-        cp_async_wait_all()
-        cuda.syncthreads()  # every warp is done with the buffers before the next item fills them
-        add_tile(out, r0, o0, acc, norm_w, row_scale, bias, accumulate, splits > 1)
+        if squares:
+            tile_inv_rms(I, eps, row_sq, inv_rms)
+        if swiglu:
+            swiglu_rows(out, r0, o0, acc, norm_w, inv_rms, bias)
+        else:
+            add_tile(out, r0, o0, acc, norm_w, row_scale, inv_rms, bias, accumulate, splits > 1)
 
 
 @cuda.jit(device=True, inline=True)
@@ -855,21 +746,35 @@ def tile_kernel(aligned: bool):
     """``tc_matmul`` as a kernel for ``aligned`` operands or not (``loads.ByAlignment``)."""
 
     @cuda.jit
-    def tc_matmul_kernel(x, x_rows, norm_w, w, bias, row_scale, out, accumulate, steps_per_split):
-        if STAGES > 1:  # (a constant: one of the two is compiled)
-            tc_matmul_pipelined(x, x_rows, norm_w, w, bias, row_scale, out, accumulate,
-                                steps_per_split, aligned and loads.WIDE_LOADS, cuda.blockIdx.x,
-                                cuda.gridDim.x)
-        else:
-            tc_matmul(x, x_rows, norm_w, w, bias, row_scale, out, accumulate, steps_per_split,
-                      aligned and loads.WIDE_LOADS, cuda.blockIdx.x, cuda.gridDim.x)
+    def tc_matmul_kernel(x, x_rows, norm_w, eps, w, bias, row_scale, out, accumulate,
+                         steps_per_split):
+        tc_matmul(x, x_rows, norm_w, eps, w, bias, row_scale, out, accumulate, steps_per_split,
+                  aligned and loads.WIDE_LOADS, False, cuda.blockIdx.x, cuda.gridDim.x)
 
     return tc_matmul_kernel  # (its own name: Nsight Compute's -k filters on it)
 
 
+def swiglu_tile_kernel(aligned: bool):
+    """``tc_matmul`` with SwiGLU in its epilogue as a kernel, every k step in one block."""
+
+    @cuda.jit
+    def tc_swiglu_kernel(x, x_rows, norm_w, eps, w, bias, act):
+        k_steps = (w.shape[1] + BK - 1) // BK
+        tc_matmul(x, x_rows, norm_w, eps, w, bias, norm_w, act, 0, k_steps,  # (no row_scale:
+                  aligned and loads.WIDE_LOADS, True, cuda.blockIdx.x, cuda.gridDim.x)  # unsplit)
+
+    return tc_swiglu_kernel
+
+
+def _in_features(x, x_rows, norm_w, eps, w, *rest):
+    return w.shape[1]
+
+
 # Launch ``[grid_for(tc_work_items(R, O, I, steps)), THREADS]``; one build for I % 8 == 0, one for
 # the rest, picked from w's in_features.
-tc_matmul_kernel = ByAlignment(tile_kernel, lambda x, x_rows, norm_w, w, *rest: w.shape[1])
+tc_matmul_kernel = ByAlignment(tile_kernel, _in_features)
+# Launch ``[grid_for(tc_work_items(R, swiglu_columns(F), I, k steps)), THREADS]``.
+tc_swiglu_kernel = ByAlignment(swiglu_tile_kernel, _in_features)
 
 
 def tc_work_items(R: int, O: int, I: int, steps_per_split: int) -> int:
@@ -900,9 +805,10 @@ def is_split(I: int, steps_per_split: int) -> bool:
 
 
 def needs_prologue(norm_w, bias, accumulate, split) -> bool:
-    """Whether ``tc_prologue`` has anything to do: a norm, or for a split k range a bias or an
-    ``out`` to overwrite (an unsplit tile writes its outputs whole)."""
-    return norm_w.shape[0] > 0 or (split and (bias.shape[0] > 0 or not accumulate))
+    """Whether ``tc_prologue`` has anything to do: only for a split k range, with a norm (no
+    block sees a whole row), a bias or an ``out`` to overwrite — an unsplit tile finds its 1 /
+    rms and writes its outputs whole itself."""
+    return split and (norm_w.shape[0] > 0 or bias.shape[0] > 0 or not accumulate)
 
 
 def launch_tc_linear(x, x_rows, norm_w, eps, w, bias, out, accumulate, row_scale, stream=0,
@@ -916,7 +822,20 @@ def launch_tc_linear(x, x_rows, norm_w, eps, w, bias, out, accumulate, row_scale
         tc_prologue_kernel[grid_for(R), OP_THREADS, stream](x, x_rows, norm_w, eps, bias, out,
                                                         accumulate, split, row_scale)
     tc_matmul_kernel[grid_for(tc_work_items(R, O, I, steps)), THREADS, stream](
-        x, x_rows, norm_w, w, bias, row_scale, out, accumulate, steps)
+        x, x_rows, norm_w, eps, w, bias, row_scale, out, accumulate, steps)
+
+
+def launch_tc_swiglu(x, x_rows, norm_w, eps, w, bias, act, stream=0) -> None:
+    """act (R, F) = silu(gate) * up of ``rms_norm?(x[x_rows]) @ [W_gate; W_up].T + bias`` on
+    tensor cores, one launch: the tile walks every k step of its columns (SwiGLU needs whole
+    sums: no split, so no prologue — the tile finds its rows' 1 / rms itself). w (2F, I) f16."""
+    R, (O, I), F = x_rows.shape[0], w.shape, act.shape[1]
+    if O != 2 * F:
+        raise ValueError(f"gate/up weights must be (2F, I) = ({2 * F}, I) for act (R, {F}), got "
+                         f"{tuple(w.shape)}")
+    N = swiglu_columns(F)
+    tc_swiglu_kernel[grid_for(tc_work_items(R, N, I, tile_counts(R, N, I, 1)[2])), THREADS,
+                     stream](x, x_rows, norm_w, eps, w, bias, act)
 
 
 def require_tc_operands(x_rows, w, out) -> None:

@@ -3,18 +3,14 @@ on tiny ragged shapes (CI), on a GPU the real ``mma.sync`` at the 135M model's s
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-from pathlib import Path
-
 import numpy as np
 import pytest
 
 from blink_edu.kernels import matmul_tc
 from blink_edu.kernels.matmul_tc import (
-    BK, BM, BN, MIN_STEPS_PER_SPLIT, WM, WN, launch_tc_linear, mma_m16n8k16, pack_half2,
-    require_tc_operands, tc_matmul_kernel, tc_steps_per_split, tc_work_items, tile_geometry)
+    BK, BM, BN, MIN_STEPS_PER_SPLIT, SWIGLU_GROUP, WM, WN, launch_tc_linear, launch_tc_swiglu,
+    mma_m16n8k16, pack_half2, require_tc_operands, swiglu_columns, tc_matmul_kernel,
+    tc_steps_per_split, tc_work_items, tile_geometry)
 from blink_edu.kernels.reduce import THREADS, cuda
 
 FP16_TOL = 1e-2
@@ -29,28 +25,62 @@ def dev(a):
     return cuda.to_device(np.ascontiguousarray(a))
 
 
-def run_case(rng, R, I, O, fused, steps_per_split=None, num_sms=1):
-    """``launch_tc_linear`` (prologue and tile) on fresh random inputs; returns (out, reference)
-    without the residual, so that a large residual cannot hide an error in the product."""
+def operands(rng, R, I, O, fused):
+    """Fresh random x (R + 3, I), x_rows (R,), w (O, I) f16, norm weight g and bias (or empty),
+    and the float64 reference h = rms_norm?(x[x_rows]) @ w.T + b (R, O)."""
     T = R + 3
     x = (2 * rng.standard_normal((T, I))).astype(np.float32)
     x_rows = rng.choice(T, R, replace=False).astype(np.int32)
     w = (rng.standard_normal((O, I)) / np.sqrt(I)).astype(np.float16)
-    norm, residual = "norm" in fused, "residual" in fused
+    norm = "norm" in fused
     g = (1 + 0.2 * rng.standard_normal(I)).astype(np.float32) if norm else np.zeros(0, np.float32)
     b = rng.standard_normal(O).astype(np.float32) if "bias" in fused else np.zeros(0, np.float32)
     h = x[x_rows].astype(np.float64)  # (R, I)
     if norm:
         h = h / np.sqrt((h * h).mean(axis=1, keepdims=True) + 1e-5) * g
-    expected = h @ w.astype(np.float64).T + (b if b.size else 0)  # (R, O)
+    return x, x_rows, w, g, b, h @ w.astype(np.float64).T + (b if b.size else 0)
+
+
+def run_case(rng, R, I, O, fused, steps_per_split=None, num_sms=1, row_scale=None):
+    """``launch_tc_linear`` (prologue and tile) on fresh random inputs; returns (out, reference)
+    without the residual, so that a large residual cannot hide an error in the product."""
+    x, x_rows, w, g, b, expected = operands(rng, R, I, O, fused)
+    residual = "residual" in fused
     start = rng.standard_normal((R, O)).astype(np.float32) if residual \
         else np.full((R, O), np.nan, np.float32)  # poisoned: every element must be written
     out = dev(start)
-    row_scale = dev(np.full(R, np.nan, np.float32))  # poisoned: the prologue must fill it
+    if row_scale is None:
+        row_scale = dev(np.full(R, np.nan, np.float32))  # poisoned: a split's prologue fills it
     launch_tc_linear(dev(x), dev(x_rows), dev(g), np.float32(1e-5), dev(w), dev(b), out,
                      int(residual), row_scale, num_sms=num_sms, steps_per_split=steps_per_split)
     got = out.copy_to_host()
     return (got - start if residual else got), expected
+
+
+def silu_times_up(gate_up):
+    """The reference SwiGLU of (R, 2F) [gate | up], float64."""
+    F = gate_up.shape[1] // 2
+    gate, up = gate_up[:, :F], gate_up[:, F:]
+    return gate / (1 + np.exp(-gate)) * up
+
+
+def run_swiglu_case(rng, R, I, F, fused):
+    """``launch_tc_swiglu`` on fresh random inputs: (act (R, F), reference)."""
+    x, x_rows, w, g, b, gate_up = operands(rng, R, I, 2 * F, fused)
+    act = dev(np.full((R, F), np.nan, np.float32))  # poisoned: every element must be written
+    launch_tc_swiglu(dev(x), dev(x_rows), dev(g), np.float32(1e-5), dev(w), dev(b), act)
+    return act.copy_to_host(), silu_times_up(gate_up)
+
+
+def use_geometry(monkeypatch, geometry):
+    """Run the tile with another block ``geometry`` (``tile_geometry``) in the simulator, where
+    the module's constants are read as the kernel runs."""
+    for name, value in geometry._asdict().items():
+        monkeypatch.setattr(matmul_tc, name, value)
+    monkeypatch.setattr(matmul_tc, "A_VALUES", matmul_tc.QUAD * geometry.A_LOADS)
+    monkeypatch.setattr(matmul_tc, "B_WORDS", matmul_tc.QUAD * geometry.B_LOADS)
+    monkeypatch.setattr(matmul_tc, "LOADS", geometry.A_LOADS + geometry.B_LOADS)
+    monkeypatch.setattr(matmul_tc, "SQ_SHAPE", (geometry.BM, geometry.A_QUADS))
 
 
 # Ragged on every axis: R not a multiple of 16, I not a multiple of 16 (but even), O odd; the k
@@ -80,54 +110,53 @@ def test_the_gpu_tile_geometry_in_the_simulator(rng, monkeypatch):
     one warp. Running the GPU's geometry here too checks the warp-tile offsets and the staging by
     128 threads in CI (on a GPU this is the geometry it has anyway)."""
     gpu = tile_geometry(128, 64)
-    for name, value in gpu._asdict().items():
-        monkeypatch.setattr(matmul_tc, name, value)
-    monkeypatch.setattr(matmul_tc, "A_VALUES", matmul_tc.QUAD * gpu.A_LOADS)
-    monkeypatch.setattr(matmul_tc, "B_WORDS", matmul_tc.QUAD * gpu.B_LOADS)
+    use_geometry(monkeypatch, gpu)
     R, I, O = WM + 5, gpu.BK + 8, gpu.BN + WN // 2  # both warp rows, 2 column tiles, 2 k steps
     assert tc_work_items(R, O, I, 1) == 2 * 2
-    got, expected = run_case(rng, R, I, O, "norm+bias+residual", steps_per_split=1)
+    for steps in (1, None):  # split (the prologue's 1 / rms), then not (the tile's own)
+        got, expected = run_case(rng, R, I, O, "norm+bias+residual", steps_per_split=steps)
+        assert rel_err(got, expected) < FP16_TOL
+    got, expected = run_swiglu_case(rng, R, I, gpu.BN // 2 + 3, "norm")  # 2 column tiles
     assert rel_err(got, expected) < FP16_TOL
 
 
-def pipelined(monkeypatch, geometry=None):
-    """Run the tile as ``BLINK_EDU_TILE_STAGES=3`` builds it (``tc_matmul_pipelined``), with the
-    block ``geometry`` given or the module's: in the simulator the module's constants are read as
-    the kernel runs."""
-    g = geometry or matmul_tc.GEOMETRY
-    for name, value in g._asdict().items():
-        monkeypatch.setattr(matmul_tc, name, value)
-    monkeypatch.setattr(matmul_tc, "STAGES", 3)
-    monkeypatch.setattr(matmul_tc, "LOADS", g.A_LOADS + g.B_LOADS)
-    monkeypatch.setattr(matmul_tc, "A32_STRIDE", g.BK + 8)
-    monkeypatch.setattr(matmul_tc, "A32_TILE", 3 * g.BM * (g.BK + 8))
-    monkeypatch.setattr(matmul_tc, "B_STAGES_TILE", 3 * g.BN * g.STRIDE)
+def test_an_unsplit_tile_finds_the_norm_itself(rng):
+    """With every k step in one block there is no prologue: ``row_scale`` is never written (it
+    stays NaN here), the tile adds up its rows' squares as it stages them."""
+    row_scale = dev(np.full(BM + 3, np.nan, np.float32))
+    got, expected = run_case(rng, BM + 3, 2 * BK + 8, BN + 1, "norm", row_scale=row_scale)
+    assert np.isnan(row_scale.copy_to_host()).all()
+    assert rel_err(got, expected) < FP16_TOL
 
 
-# Ragged shapes again; (BM + 3, 4 k steps + 8, BN + 1): more k steps than stages, so that the
-# three buffers wrap around, two row tiles and two column tiles looped by one block.
-@pytest.mark.parametrize("R,I,O", [(5, 24, 9), (20, 18, 9), (BM + 3, 4 * BK + 8, BN + 1)])
-@pytest.mark.parametrize("steps", [None, 1, 2])
-def test_the_pipelined_tile_matches_the_reference(rng, monkeypatch, R, I, O, steps):
-    pipelined(monkeypatch)
-    got, expected = run_case(rng, R, I, O, "norm+bias+residual", steps_per_split=steps)
+# SwiGLU in the tile's epilogue: F not a multiple of the 8-column groups (the last group padded),
+# R and I ragged, more than one row and column tile and k step looped by one block.
+@pytest.mark.parametrize("R,I,F", [(1, 16, 8), (5, 24, 5), (17, 40, 13), (BM + 3, 2 * BK + 8, BN)])
+@pytest.mark.parametrize("fused", ["plain", "norm", "norm+bias"])
+def test_the_swiglu_tile_matches_the_reference(rng, R, I, F, fused):
+    got, expected = run_swiglu_case(rng, R, I, F, fused)
     assert np.isfinite(got).all()
     assert rel_err(got, expected) < FP16_TOL
 
 
-def test_the_pipelined_tile_with_the_gpu_geometry(rng, monkeypatch):
-    """Four warps over 64 x 64 in 32-wide k steps, as a GPU builds it with three stages."""
-    gpu = tile_geometry(128, 32)
-    pipelined(monkeypatch, gpu)
-    R, I, O = WM + 5, 4 * gpu.BK + 8, gpu.BN + WN // 2  # both warp rows, 2 column tiles, 5 k steps
-    got, expected = run_case(rng, R, I, O, "plain")
-    assert rel_err(got, expected) < FP16_TOL
+def test_the_swiglu_columns_alternate_gate_and_up_groups():
+    """Column c of the SwiGLU tile reads row ``gate_up_row(c)`` of [W_gate; W_up]: groups of 8
+    gate rows, then the same 8 up rows; padding columns read a real row."""
+    F = 13
+    assert swiglu_columns(F) == 32
+    rows = [matmul_tc.gate_up_row.py_func(c, F) for c in range(swiglu_columns(F))]
+    G = SWIGLU_GROUP
+    assert rows[:2 * G] == list(range(G)) + list(range(F, F + G))
+    assert rows[2 * G:2 * G + 5] == list(range(G, F)) and rows[3 * G:3 * G + 5] == list(range(F + G, 2 * F))
+    assert all(0 <= r < 2 * F for r in rows)
 
 
-def test_tile_stages_are_checked():
-    assert matmul_tc.tile_stages(None) == 1 and matmul_tc.tile_stages("3") == 3
-    with pytest.raises(ValueError, match="1 or 3"):
-        matmul_tc.tile_stages("2")
+def test_the_swiglu_tile_refuses_mismatched_weights(rng):
+    x, rows = dev(np.zeros((2, 16), np.float32)), dev(np.arange(2, dtype=np.int32))
+    empty = dev(np.zeros(0, np.float32))
+    with pytest.raises(ValueError, match="2F"):
+        launch_tc_swiglu(x, rows, empty, np.float32(1e-5), dev(np.zeros((10, 16), np.float16)),
+                         empty, dev(np.zeros((2, 4), np.float32)))
 
 
 def test_split_k_fills_the_gpu_but_keeps_some_steps_per_item():
@@ -146,7 +175,8 @@ def test_the_prologue_is_skipped_only_when_it_has_nothing_to_do():
     empty, some = np.zeros(0, np.float32), np.ones(4, np.float32)
     for split in (True, False):
         assert not matmul_tc.needs_prologue(empty, empty, 1, split)  # a residual add: nothing
-        assert matmul_tc.needs_prologue(some, empty, 1, split)  # a norm: 1 / rms per row
+    assert matmul_tc.needs_prologue(some, empty, 1, split=True)  # a norm: 1 / rms per row ...
+    assert not matmul_tc.needs_prologue(some, empty, 1, split=False)  # ... unless the tile sees it
     # split k: partial tiles are added onto out, so it must hold the bias / zeros first
     assert matmul_tc.needs_prologue(empty, some, 1, split=True)
     assert matmul_tc.needs_prologue(empty, empty, 0, split=True)
@@ -213,7 +243,8 @@ def test_float32_weights_are_refused_by_the_kernel(rng):
     empty = np.zeros(0, np.float32)
     with pytest.raises(Exception, match="float16 weights"):
         tc_matmul_kernel[1, THREADS](dev(x), dev(np.arange(2, dtype=np.int32)), dev(empty),
-                                     dev(w), dev(empty), dev(np.ones(2, np.float32)),
+                                     np.float32(1e-5), dev(w), dev(empty),
+                                     dev(np.ones(2, np.float32)),
                                      dev(np.zeros((2, 8), np.float32)), 0, 1)
 
 
@@ -235,14 +266,9 @@ def test_tc_matmul_at_the_135m_shapes_on_the_gpu(rng, R, name, fused):
 
 
 @pytest.mark.gpu
-def test_the_pipelined_tile_at_the_135m_shapes_on_the_gpu():
-    """The real ``cp.async`` tile (``BLINK_EDU_TILE_STAGES=3``, read when the module is imported,
-    so in a process of its own): ``tc_matmul_probe --once`` checks every 135M shape at 64, 512 and
-    77 tokens against the float64 reference and exits 1 on an error of 1e-2 or more."""
-    root = Path(__file__).resolve().parents[2]
-    env = dict(os.environ, BLINK_EDU_TILE_STAGES="3")
-    run = subprocess.run([sys.executable, str(root / "tools" / "tc_matmul_probe.py"), "--once",
-                          "--rows", "64", "512", "77"], env=env, capture_output=True, text=True,
-                         timeout=600)
-    assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-2000:]
-    assert "k step 32" in run.stdout  # the pipelined tile's geometry, not the default's
+@pytest.mark.parametrize("R", [64, 512, 77])
+@pytest.mark.parametrize("fused", ["norm", "norm+bias"])
+def test_the_swiglu_tile_at_the_135m_shape_on_the_gpu(rng, R, fused):
+    """The real ``mma.sync`` with SwiGLU in the epilogue, the 135M gate/up (2 x 1536, 576)."""
+    got, expected = run_swiglu_case(rng, R, 576, 1536, fused)
+    assert rel_err(got, expected) < FP16_TOL
