@@ -56,16 +56,21 @@ def random_case(rng, H, K, chunks, B=4, N=48):
     return (qkv, positions, seq_rows, tables, pool, layer), expected
 
 
-# 3 and 4 query heads a KV head (2: the ragged batch below; 1: the GPU test)
-@pytest.mark.parametrize("heads,kv_heads", [(6, 2), (4, 1)])
-def test_prompt_tiles_match_the_reference(rng, heads, kv_heads):
+# 3 and 4 query heads a KV head (2: the ragged batch below; 1: the GPU test); KV blocks of 4
+# positions, and of 5 — a chunk of KC positions is then no whole number of blocks (the tile moves
+# its paged slots on a chunk with a carry) and a value pair can straddle two blocks
+@pytest.mark.parametrize("heads,kv_heads,block_size", [(6, 2, 4), (4, 1, 4), (6, 2, 5)])
+def test_prompt_tiles_match_the_reference(rng, heads, kv_heads, block_size):
     """Chunks that fill whole tiles (the simulator's block is one warp, 32 threads: the per-token
     path there cannot take a 64-dim head, so every token here is a tile's): a chunk of two tiles
     after cached positions and a last lone token, over scattered blocks."""
+    from blink_edu.kernels.attention_tc import KC
     H, K = heads, kv_heads
     per_tile = ROWS // (H // K)
-    chunks = [(int(rng.integers(3, 9)), 2 * per_tile), (int(rng.integers(9, 30)), 1)]
-    args, expected = random_case(rng, H, K, chunks)
+    # contexts over several chunks of KC positions (the simulator's KC is the GPU's, 32)
+    chunks = [(int(rng.integers(35, 60)), 2 * per_tile), (int(rng.integers(64, 100)), 1)]
+    args, expected = random_case(rng, H, K, chunks, B=block_size, N=64)
+    assert args[1].max() >= 2 * KC  # the walk crosses several chunks
     assert tile_tokens(args[1], args[2], H // K).all()
     tiled = attention(*args, H, K, tensor_cores=1)
     # fp16 operands (q, k, v and the probabilities), fp32 sums: within fp16 rounding
