@@ -1,6 +1,7 @@
 """Batched steps on tensor cores inside an executor: with float16 weights, a prefill and decode
-steps of three sequences take ``matmul_tc_decode``'s qkv+RoPE and gate/up+SwiGLU kernels and
-``matmul_tc``'s tile for the other layers (``linear.linear_path``). Their logits match the NumPy
+steps of three sequences take ``matmul_tc_decode``'s qkv+RoPE kernel, its gate/up+SwiGLU or
+(more than 32 tokens) ``matmul_tc``'s tile with SwiGLU in its epilogue, and the tile for the
+other layers (``linear.linear_path``). Their logits match the NumPy
 reference's on the same fp16 weights within fp16 tolerance (the activations are rounded to fp16
 on the way into the tensor cores). Simulator here; eager and graph on a GPU through
 tools/run_gpu_tests.sh."""
@@ -13,10 +14,10 @@ import numpy as np
 import pytest
 
 from blink_edu.config import EngineConfig, ModelConfig, SamplingParams
-from blink_edu.executors.forward_ops import ROPE_KV, fused_into_linear
+from blink_edu.executors.forward_ops import ROPE_KV, SWIGLU, fused_into_linear
 from blink_edu.executors.kernel_executor import EagerExecutor, GraphExecutor
 from blink_edu.kernels.attention_tc import tc_attention_tiles
-from blink_edu.kernels.linear import linear_path
+from blink_edu.kernels.linear import TC_SWIGLU_HOST_MAX_ROWS, linear_path
 from blink_edu.executors.step import pack_step
 from blink_edu.kv.block_manager import BlockManager
 from blink_edu.kv.pool import allocate_kv_pool
@@ -74,13 +75,16 @@ def test_fp16_steps_on_tensor_cores_match_the_reference_logits(rng, executor_cls
         model_type="llama", vocab_size=96, hidden_size=32, intermediate_size=40, num_hidden_layers=2,
         num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=64))
     engine_cfg = EngineConfig(block_size=4, num_kv_blocks=16, max_num_seqs=4,
-                              max_num_batched_tokens=16, max_model_len=64)
-    # a prefill of 15 tokens, then a decode step of 3
+                              max_num_batched_tokens=48, max_model_len=64)
+    # a prefill of 34 tokens (gate/up on the tile with SwiGLU in its epilogue), then a decode
+    # step of 3 (on matmul_tc_decode's gate/up + SwiGLU)
     for step, (executor, batch, err) in enumerate(steps_against_the_reference(
-            rng, cfg, engine_cfg, executor_cls, (5, 4, 6), 2)):
+            rng, cfg, engine_cfg, executor_cls, (17, 9, 8), 2)):
         T = batch.num_tokens
+        assert (T > TC_SWIGLU_HOST_MAX_ROWS) == (step == 0)
         assert linear_path(T, executor.layers[0].w_o) == "tc_tile"  # the plain layers
         assert fused_into_linear(ROPE_KV, T, executor.tensor_cores)  # in matmul_tc_decode's qkv
+        assert fused_into_linear(SWIGLU, T, executor.tensor_cores)
         assert err < FP16_TOL, (step, err)
 
 
