@@ -77,27 +77,18 @@ for run in "b1 --batch 1 --prompt 128" "b64 --batch 64 --prompt 128" "prefill512
     | grep -v "^  *[a-z_]* *regs" | sed 's/  */ /g' | head -90
 done
 ;;
-tile)  # the tensor-core tile alone at the 135M shapes: the module's geometry and the k-32 variant, then
-       # the pipelined tile (BLINK_EDU_TILE_STAGES=3) checked against the reference and timed; then
-       # Nsight Compute with the stall reasons on the 512-token gate/up (the probe's third shape) for
-       # both tiles and on the 64-token LM head (its fifth) for the pipelined one
-for v in "" "--bk 32"; do
-  name=tile$(echo "$v" | tr -d ' -'); echo "== $name"
-  timeout 90 python3 tools/tc_matmul_probe.py --tile-only --steps $v --json "$OUT/$name.json" 2>&1 | grep -v -i warn | tail -11
-done
-echo "== tile, three cp.async stages (BLINK_EDU_TILE_STAGES=3: checked against the reference, then timed)"
-BLINK_EDU_TILE_STAGES=3 timeout 90 python3 tools/tc_matmul_probe.py --tile-only --steps \
-  --json "$OUT/tile_stages3.json" 2>&1 | grep -v -i warn | tail -11
+tile)  # the tensor-core tile alone at the 135M shapes (checked against the reference, then timed),
+       # gate/up with SwiGLU in its epilogue beside the tile then swiglu_kernel and matmul_tc_decode;
+       # then Nsight Compute's stall reasons on the 512-token gate/up (the probe's third shape)
+timeout 150 python3 tools/tc_matmul_probe.py --rows 64 128 512 --steps --gemv-max 0 \
+  --json "$OUT/tile.json" 2>&1 | grep -v -i warn | tail -24
 NCU="ncu --clock-control none --section SpeedOfLight --section Occupancy --section LaunchStats
   --section WarpStateStats --section SchedulerStats
   --metrics regex:smsp__average_warps_issue_stalled_.*_per_issue_active\.ratio"
-for run in "1 512 2" "3 512 2" "3 64 4"; do
-  set -- $run
-  BLINK_EDU_TILE_STAGES=$1 timeout 90 $NCU -k regex:tc_matmul_kernel --launch-skip $3 --launch-count 1 \
-    python3 tools/tc_matmul_probe.py --once --rows $2 > "$OUT/ncu_tile_s$1_r$2.txt" 2>&1
-  echo "== ncu stages $1 R=$2"; grep -E "Duration|Registers Per|Achieved Occ|Warp Cycles Per Issued|stalled" "$OUT/ncu_tile_s$1_r$2.txt" \
-    | sort -k3 -g -r | head -12
-done
+timeout 120 $NCU -k regex:tc_matmul_kernel --launch-skip 2 --launch-count 1 \
+  python3 tools/tc_matmul_probe.py --once --rows 512 > "$OUT/ncu_tile_r512.txt" 2>&1
+grep -E "Duration|Registers Per|Achieved Occ|Warp Cycles Per Issued|stalled" "$OUT/ncu_tile_r512.txt" \
+  | sort -k3 -g -r | head -12
 ;;
 *) echo "usage: $0 tests|kernels|decode|serving|attention|profile|tile" >&2; exit 2 ;;
 esac
