@@ -19,7 +19,7 @@ number of rows and the weights' dtype in one place (``linear_path`` for a host's
   fragments, a GEMV with tensor-core math, with RoPE + the KV write or SwiGLU in its epilogue
   as at batch 1. The eager and graph executors take it for the qkv and gate/up projections;
   the persistent kernel's forward for *every* linear layer of a batched step (it needs 5 KB of
-  shared memory, where the tile below needs 37 KB, and every op of the persistent kernel
+  shared memory, where the tile below needs 41 KB, and every op of the persistent kernel
   shares one static allocation).
 * **Tensor-core tile** (more rows, float16 weights of an even width): ``matmul_tc.py``'s
   shared-memory ``mma.sync`` tile with split-K, for the other layers of a batched step and
@@ -83,11 +83,12 @@ FUSED_GEMV_MAX_ROWS = 1
 # more take matmul_tc's shared-memory tile in the eager and graph executors.
 TC_DECODE_MAX_ROWS = 128
 # ... but a host-launched gate/up (eager, graph) of more tokens than this takes the tensor-core
-# tile with SwiGLU in its epilogue (``matmul_tc.launch_tc_swiglu``): measured on the H200 with the
-# weights streamed from HBM (``tc_matmul_probe_h200_c9c8812.json``), matmul_tc_decode with SwiGLU
-# fused took 12.6 µs against 16.6 for the split-K tile and a SwiGLU kernel at 32 tokens, 21.7
-# against 18.1 at 64 and 33.2 against 21.2 at 128. The persistent kernel has no tile (shared
-# memory): it keeps matmul_tc_decode's fusion up to TC_DECODE_MAX_ROWS.
+# tile with SwiGLU in its epilogue (``matmul_tc.launch_tc_swiglu``). Measured on the H200 with the
+# weights streamed from HBM: at 64 / 128 tokens the tile's SwiGLU 15.0 / 15.0 µs, matmul_tc_decode's
+# 16.4 / 23.3 (``tc_matmul_swiglu_h200_eecb88a.json``); at 32, matmul_tc_decode's 12.6 against 16.6
+# for the tile then a SwiGLU kernel (``tc_matmul_probe_h200_c9c8812.json``; the tile's own SwiGLU
+# not timed there). The persistent kernel has no tile (shared memory): it keeps
+# matmul_tc_decode's fusion up to TC_DECODE_MAX_ROWS.
 TC_SWIGLU_HOST_MAX_ROWS = 32
 # Threads sharing one output row in the GEMV: a warp on a GPU, whose lanes add their partial sums
 # with shuffles. Numba's simulator has no shuffles, so there each thread owns a whole row.

@@ -464,6 +464,15 @@ def store_output(out, r, o, y, bias, accumulate):
 
 
 @cuda.jit(device=True, inline=True)
+def lane_outputs():
+    """(g, t, m0, n0): this lane's group and place in it, and its warp tile's first row and
+    column in the block tile. Its outputs are rows m0 + 16 mi + g (c0, c1) and + 8 (c2, c3),
+    columns n0 + 8 ni + 2t (c0, c2) and + 1 (c1, c3) — the walk of every epilogue below."""
+    warp, lane = cuda.threadIdx.x // WARP, cuda.threadIdx.x % WARP
+    return lane // 4, lane % 4, (warp // WARPS_N) * WM, (warp % WARPS_N) * WN
+
+
+@cuda.jit(device=True, inline=True)
 def row_scale_of(norm_w, row_scale, inv_rms, r, tile_row, shared):
     """Row r's 1 / rms: 1 without a norm; the prologue's ``row_scale[r]`` where the k range is
     ``shared`` (split: no block sees all of a row); else the tile's ``inv_rms[tile_row]``."""
@@ -488,10 +497,7 @@ def add_rows(out, r0, o0, acc, norm_w, row_scale, inv_rms, bias, accumulate, sha
     The caller passes ``shared`` and ``full`` as constants (``add_tile``): straight-line code for
     each case, where tests on every element made the epilogue as long as the rest of the kernel.
     Column indices are unsigned (no check for Python's negative ones: ``mma_step``)."""
-    warp, lane = cuda.threadIdx.x // WARP, cuda.threadIdx.x % WARP
-    g, t = lane // 4, lane % 4
-    m0 = (warp // WARPS_N) * WM
-    n0 = (warp % WARPS_N) * WN
+    g, t, m0, n0 = lane_outputs()
     R, O = out.shape
     for mi in range(MI):
         for half in range(2):  # rows g (c0, c1) and g + 8 (c2, c3)
@@ -519,9 +525,7 @@ def whole_tile_pass(out, r0, o0, acc, load, full):
     """One pass over this lane's outputs of a tile its block writes whole: with ``load`` (a
     constant) each accumulator gets the residual already in ``out`` added, else it is stored
     into ``out``; nothing past the last row, or column unless the tile is ``full``."""
-    warp, lane = cuda.threadIdx.x // WARP, cuda.threadIdx.x % WARP
-    g, t = lane // 4, lane % 4
-    m0, n0 = (warp // WARPS_N) * WM, (warp % WARPS_N) * WN
+    g, t, m0, n0 = lane_outputs()
     R, O = out.shape
     for mi in range(MI):
         for half in range(2):
@@ -558,15 +562,13 @@ def swiglu_rows(act, r0, o0, acc, norm_w, inv_rms, bias):
     a warp's n tiles 2q and 2q + 1 hold the gate and the up of the same j in the same registers,
     and j = (o0 + n0) / 2 + 8q + 2t + c. Scaled by the tile's 1 / rms (the k range is never
     split here), plus the bias of each of the two rows of ``[W_gate; W_up]``; act (R, F)."""
-    warp, lane = cuda.threadIdx.x // WARP, cuda.threadIdx.x % WARP
-    g, t = lane // 4, lane % 4
-    m0, n0 = (warp // WARPS_N) * WM, (warp % WARPS_N) * WN
+    g, t, m0, n0 = lane_outputs()
     R, F = act.shape
     for mi in range(MI):
         for half in range(2):  # rows g (c0, c1) and g + 8 (c2, c3)
             r = r0 + m0 + mi * 16 + half * 8 + g
             if r < R:
-                scale = row_scale_of(norm_w, norm_w, inv_rms, r, r - r0, False)
+                scale = inv_rms[r - r0] if norm_w.shape[0] > 0 else float32(1)
                 for q in range(NI // 2):
                     for c in range(2):
                         j = uint32((o0 + n0) // 2 + q * SWIGLU_GROUP + 2 * t + c)
