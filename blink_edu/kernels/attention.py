@@ -44,11 +44,11 @@ import numpy as np
 from numba import float32
 
 from . import loads
-from .attention_tc import (ROWS, WORKSPACE_WORDS, attend_tile, one_sequence, tc_attention_tiles,
-                           tc_attention_tiles_device)
-from .loads import VEC, load8_at
+from .attention_tc import (ROWS, TILE_SPANS, WORKSPACE_WORDS, attend_tile, one_sequence,
+                           tc_attention_tiles, tc_attention_tiles_device)
+from .loads import VEC, load8_at, load_from_l2
 from .reduce import (NEG_INF, THREADS, block_max, block_sum, cuda, divmod32,
-                     kernel_for_blocks_per_sm)
+                     kernel_for_blocks_per_sm, last_block_to_arrive)
 from .rope import paged_slot
 
 UNROLL = 8  # loads each thread has in flight in the inner loops
@@ -102,12 +102,23 @@ def span_of(context, splits):
 span_of_device = cuda.jit(device=True, inline=True)(span_of)
 
 
-def attention_scratch(head_dim: int):
-    """What the splits of ``paged_attention`` exchange: ``partials`` (SPLIT_BLOCKS, E + 2) f32,
-    a split's (acc, m, l), and ``arrivals`` (SPLIT_BLOCKS,) i32, the splits of a (token, head)
-    done so far (zeros: the merging split resets its count)."""
-    return (cuda.device_array((SPLIT_BLOCKS, head_dim + 2), np.float32),
-            cuda.to_device(np.zeros(SPLIT_BLOCKS, np.int32)))
+def prompt_tile_items(num_tokens, num_heads, num_kv_heads, head_dim, tensor_cores):
+    """Tensor-core tiles (a tile of tokens and a KV head each) a step of ``num_tokens`` may
+    hold: 0 without ``tensor_cores`` or for heads the tile does not take."""
+    if not tensor_cores:
+        return 0
+    return tc_attention_tiles(num_tokens, num_heads // num_kv_heads, head_dim) * num_kv_heads
+
+
+def attention_scratch(head_dim: int, tile_items: int = 0):
+    """What the splits of ``paged_attention`` exchange: ``partials`` (P, E + 2) f32 — a split's
+    (acc, m, l): SPLIT_BLOCKS rows for the (token, head) pairs' splits, then ROWS x TILE_SPANS
+    for each of ``tile_items`` prompt tiles (``prompt_tile_items`` of the largest step) — and
+    ``arrivals`` (SPLIT_BLOCKS + tile_items,) i32, the splits of a pair or a tile done so far
+    (zeros: the merging split resets its count). A tile without rows walks its context alone."""
+    rows = SPLIT_BLOCKS + tile_items * ROWS * TILE_SPANS
+    return (cuda.device_array((rows, head_dim + 2), np.float32),
+            cuda.to_device(np.zeros(SPLIT_BLOCKS + tile_items, np.int32)))
 
 
 @cuda.jit(device=True, inline=True)
@@ -254,37 +265,27 @@ def merge_splits(t, h, pair, split, splits, used, m, total, out, partials, arriv
     if tid == 0:
         partials[first + split, E] = m
         partials[first + split, E + 1] = total
-    cuda.threadfence()  # this block's partials reach L2 before its arrival is counted
-    cuda.syncthreads()
-    if tid == 0:
-        arrived = cuda.atomic.add(arrivals, pair, 1)
-        last = arrived == used - 1
-        if last:
-            arrivals[pair] = 0  # ready for the next layer (after a kernel or grid barrier)
-        scratch[0] = float32(1) if last else float32(0)
-    cuda.syncthreads()
-    if scratch[0] == 0:
+    if not last_block_to_arrive(arrivals, pair, used, scratch):
         return
-    # the last split: read every split's partials through L2 (an atomic add of 0: another SM's
-    # writes, which this SM's L1 may hold an older copy of from an earlier layer)
+    # the last split: read every split's partials from L2 (``loads.load_from_l2``)
     top = NEG_INF
     for s in range(used):
-        top = max(top, cuda.atomic.add(partials, (first + s, E), float32(0)))
+        top = max(top, load_from_l2(partials, first + s, E))
     for e in range(tid, E, THREADS):
         num, den = float32(0), float32(0)
         for s in range(used):
-            f = math.exp(cuda.atomic.add(partials, (first + s, E), float32(0)) - top)
-            num += f * cuda.atomic.add(partials, (first + s, e), float32(0))
-            den += f * cuda.atomic.add(partials, (first + s, E + 1), float32(0))
+            f = math.exp(load_from_l2(partials, first + s, E) - top)
+            num += f * load_from_l2(partials, first + s, e)
+            den += f * load_from_l2(partials, first + s, E + 1)
         out[t, h * E + e] = num / den
 
 
 def attention_work_items(num_tokens, num_heads, num_kv_heads, head_dim, tensor_cores):
     """Work items of ``paged_attention`` (to size the grid): a tile a KV head where
     ``tensor_cores``, then the splits of the (token, query head) pairs."""
-    tiles = tc_attention_tiles(num_tokens, num_heads // num_kv_heads, head_dim) if tensor_cores else 0
+    tiles = prompt_tile_items(num_tokens, num_heads, num_kv_heads, head_dim, tensor_cores)
     pairs = num_tokens * num_heads
-    return tiles * num_kv_heads + pairs * attention_splits(pairs)
+    return tiles * TILE_SPANS + pairs * attention_splits(pairs)
 
 
 @cuda.jit(device=True, inline=True)
@@ -293,9 +294,11 @@ def paged_attention(qkv, positions, seq_rows, block_tables, kv_pool, layer, num_
     """out (T, H * E) = softmax(q k^T / sqrt(E)) v per (token, head), q read from qkv (T, ...).
     Requires E <= THREADS, or E % 8 == 0 (with wide loads) and E <= MAX_HEAD_DIM. With
     ``tensor_cores`` (an fp16 model), a tile of consecutive tokens of one sequence — a prompt
-    chunk — is one work item of ``attention_tc.attend_tile`` for a KV head; the tokens of the
-    other tiles (a decode batch: one token a sequence) take ``attend_token``, one split of a
-    (token, query head) an item. Items ``[0, tiles * K)`` are the tiles, the rest the splits.
+    chunk — is TILE_SPANS work items of ``attention_tc.attend_tile`` for a KV head, one a span
+    of its context (those its context has; the rest return at once); the tokens of the other
+    tiles (a decode batch: one token a sequence) take ``attend_token``, one split of a
+    (token, query head) an item. Items ``[0, tiles * K * TILE_SPANS)`` are the tiles', the last
+    tiles first, the rest the splits.
     ``partials``, ``arrivals``: ``attention_scratch``."""
     T = qkv.shape[0]
     group = divmod32(num_heads, num_kv_heads)[0]
@@ -303,21 +306,25 @@ def paged_attention(qkv, positions, seq_rows, block_tables, kv_pool, layer, num_
     if tensor_cores:
         tiles = tc_attention_tiles_device(T, group, kv_pool.shape[5])
     per_tile = divmod32(ROWS, group)[0]  # tokens a tile
-    tile_items = tiles * num_kv_heads
+    tile_work = tiles * num_kv_heads * TILE_SPANS  # (tile, KV head, span) items
     workspace = cuda.shared.array(WORKSPACE, float32)  # one allocation, every path's views
     if tensor_cores:  # (a constant False compiles the tile out)
-        for item in range(block, tile_items, n_blocks):
-            tile, kvh = divmod32(item, num_kv_heads)
+        tile_partials, tile_arrivals = partials[SPLIT_BLOCKS:], arrivals[SPLIT_BLOCKS:]
+        for item in range(block, tile_work, n_blocks):
+            rest, kvh = divmod32(item, num_kv_heads)
+            back, span = divmod32(rest, TILE_SPANS)
+            tile = tiles - 1 - back  # the last tiles first: theirs are the longest contexts
             t0 = tile * per_tile
             n = min(per_tile, T - t0)
             if one_sequence(positions, seq_rows, t0, n):
                 attend_tile(qkv, positions, seq_rows, block_tables, kv_pool, layer, group, kvh,
-                            t0, n, out, workspace.view(np.uint32))
+                            t0, n, span, out, tile_partials, tile_arrivals,
+                            tile * num_kv_heads + kvh, workspace.view(np.uint32))
     # the splits of the (token, query head) pairs: items after the tiles, a split's items on
     # consecutive blocks
     splits = attention_splits_device(T * num_heads)
     # the block after the tiles
-    first = divmod32(block + n_blocks - divmod32(tile_items, n_blocks)[1], n_blocks)[1]
+    first = divmod32(block + n_blocks - divmod32(tile_work, n_blocks)[1], n_blocks)[1]
     for item in range(first, T * num_heads * splits, n_blocks):
         pair, split = divmod32(item, splits)
         t, h = divmod32(pair, num_heads)

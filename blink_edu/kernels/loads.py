@@ -55,6 +55,10 @@ def _sim_load4_flat(a, at):
     return tuple(flat[at + k] for k in range(4))
 
 
+def _sim_load_from_l2(a, row, col):
+    return a[row, col]
+
+
 def _gpu_loads():
     from llvmlite import ir
     from numba.core import cgutils, types
@@ -159,19 +163,48 @@ def _gpu_loads():
 
         return sig, codegen
 
-    return load8_at, load4_at, load4_flat
+    # ld.global.cg: cached in L2 only. Volatile, with a memory clobber, so that the compiler keeps
+    # it after the barrier and the atomic that say the numbers are there (numba's ``cuda.ldcg``
+    # is a pure asm statement, free to move above them).
+    load_cg = ir.InlineAsm(ir.FunctionType(f32, [f32.as_pointer()]), "ld.global.cg.f32 $0, [$1];",
+                           "=f,l,~{memory}", side_effect=True)
+
+    @intrinsic
+    def load_from_l2(typingctx, a, row, col):
+        if not isinstance(a, types.Array) or a.dtype != types.float32 or a.ndim != 2:
+            raise TypeError(f"load_from_l2 takes a float32 matrix, not {a}")
+        sig = types.float32(a, row, col)
+
+        def codegen(context, builder, signature, args):
+            aryty = signature.args[0]
+            ary = context.make_array(aryty)(context, builder, args[0])
+            inds = [context.cast(builder, v, t, types.intp)
+                    for v, t in zip(args[1:], signature.args[1:])]
+            ptr = cgutils.get_item_pointer2(context, builder, data=ary.data,
+                                            shape=cgutils.unpack_tuple(builder, ary.shape),
+                                            strides=cgutils.unpack_tuple(builder, ary.strides),
+                                            layout=aryty.layout, inds=inds)
+            return builder.call(load_cg, [ptr])
+
+        return sig, codegen
+
+    return load8_at, load4_at, load4_flat, load_from_l2
 
 
 # load8_at(a, (i, j, ..., col)): the 8 elements a[i, j, ..., col:col + 8] as 8 float32.
 # load4_at(a, (i, ..., col)): the 4 elements a[i, ..., col:col + 4] of a 32-bit array, unconverted.
 # load4_flat(a, at): words at .. at + 3 of a C-contiguous 32-bit array counted from its start, as
 # if it were flat: one multiply-add for the address, where an index tuple costs one per dimension.
+# load_from_l2(a, row, col): a[row, col] of a float32 matrix read from L2, past this SM's L1
+# (``ld.global.cg``): for numbers another block wrote during this kernel, of which this SM's L1
+# may hold an older copy (the persistent kernel runs every layer in one kernel).
 if SIMULATOR:
     load8_at = cuda.jit(device=True)(_sim_load8_at)
     load4_at = cuda.jit(device=True)(_sim_load4_at)
     load4_flat = cuda.jit(device=True)(_sim_load4_flat)
+    load_from_l2 = cuda.jit(device=True)(_sim_load_from_l2)
 else:
-    load8_at, load4_at, load4_flat = _gpu_loads()
+    load8_at, load4_at, load4_flat, load_from_l2 = _gpu_loads()
 
 
 @cuda.jit(device=True, inline=True)

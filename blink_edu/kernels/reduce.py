@@ -262,4 +262,22 @@ quad_sum = _serial_quad_sum if SIMULATOR else _shuffle_quad_sum
 quad_max = _serial_quad_max if SIMULATOR else _shuffle_quad_max
 
 
+@cuda.jit(device=True, inline=True)
+def last_block_to_arrive(arrivals, index, count, flag):
+    """Count this block's part of work item ``index`` done (``arrivals[index]``), once its writes
+    are visible to the whole GPU; True, in every thread, for the block that arrives ``count``-th:
+    it may now read every part (the "last block" pattern of CUDA's threadFenceReduction sample:
+    no second kernel, no barrier), and it resets the count for the next layer. ``flag``: shared
+    memory, one word (flag[0]). Every thread of the block must call it."""
+    cuda.threadfence()  # this block's writes reach L2 before its arrival is counted
+    cuda.syncthreads()
+    if cuda.threadIdx.x == 0:
+        last = cuda.atomic.add(arrivals, index, 1) == count - 1
+        if last:
+            arrivals[index] = 0  # read again only after a kernel or grid barrier
+        flag[0] = 1 if last else 0
+    cuda.syncthreads()
+    return flag[0] == 1
+
+
 NEG_INF = float32(-math.inf)
