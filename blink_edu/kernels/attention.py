@@ -320,17 +320,24 @@ def paged_attention(qkv, positions, seq_rows, block_tables, kv_pool, layer, num_
                 attend_tile(qkv, positions, seq_rows, block_tables, kv_pool, layer, group, kvh,
                             t0, n, span, out, tile_partials, tile_arrivals,
                             tile * num_kv_heads + kvh, workspace.view(np.uint32))
-    # the splits of the (token, query head) pairs: items after the tiles, a split's items on
-    # consecutive blocks
+    # the splits of the (token, query head) pairs, after the tiles': each block a run of
+    # consecutive items (a split's items on consecutive blocks while they are fewer than the
+    # blocks; else a token's heads, then the next token's), so that a block asks once per tile,
+    # not once per item, whether a tile took its tokens — four loads, which with an item a block
+    # at a time made a prefill's 4608 skipped items cost more than the tiles' work
     splits = attention_splits_device(T * num_heads)
-    # the block after the tiles
+    items = T * num_heads * splits
     first = divmod32(block + n_blocks - divmod32(tile_work, n_blocks)[1], n_blocks)[1]
-    for item in range(first, T * num_heads * splits, n_blocks):
+    run = divmod32(items + n_blocks - 1, n_blocks)[0]  # items a block
+    checked, in_tile = -1, False  # the last tile asked about, and the answer
+    for item in range(first * run, min(items, first * run + run)):
         pair, split = divmod32(item, splits)
         t, h = divmod32(pair, num_heads)
-        t0 = t - divmod32(t, per_tile)[1]  # the first token of t's tile
-        if not tensor_cores or tiles == 0 or not one_sequence(positions, seq_rows, t0,
-                                                             min(per_tile, T - t0)):
+        tile = divmod32(t, per_tile)[0]
+        if tensor_cores and tiles > 0 and tile != checked:
+            t0 = tile * per_tile
+            checked, in_tile = tile, one_sequence(positions, seq_rows, t0, min(per_tile, T - t0))
+        if not in_tile:
             attend_token(qkv, positions, seq_rows, block_tables, kv_pool, layer, t, h, num_heads,
                          group, split, splits, out, partials, arrivals, workspace)
 

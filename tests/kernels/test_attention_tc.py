@@ -112,7 +112,7 @@ def test_a_long_context_is_walked_in_spans_and_merged(rng):
         assert rel_err(spanned[t], expected[t]) < 2e-2, t
     assert not scratch[1].copy_to_host().any(), "the merging span resets its count"
     alone = attention(*args, H, K, tensor_cores=1, scratch=attention_scratch(E))
-    assert rel_err(spanned, alone) < 1e-4  # the same fp16 operands, summed in another order
+    assert 0 < rel_err(spanned, alone) < 1e-4  # the same fp16 operands, summed in another order
 
 
 def check_ragged_batch(rng, H, K, chunks, B, N):
