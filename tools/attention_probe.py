@@ -2,7 +2,6 @@
 the SmolLM2-135M shape (9 query / 3 KV heads of 64), inside a CUDA graph.
 
     python tools/attention_probe.py [--tokens 128 512 2048] [--chunks 16 32 64] [--replays 20] [--json F]
-    python tools/attention_probe.py --tile-spans 0 64 128 256 [--tokens 512 2048]
     python tools/attention_probe.py --decode [--batches 1 8 64] [--contexts 48 512] [--spans 0 64 128]
     ncu -k regex:paged_attention --section ... python tools/attention_probe.py --once --tokens 512
 
@@ -11,9 +10,7 @@ For each prompt length P (a whole prompt in one step, positions 0..P-1, KV in sc
 q, k, v and the probabilities to fp16), then times ``--replays`` launches of each captured in one
 CuPy graph (a launch from Python costs ~55 µs, more than a short prompt's attention).
 ``--chunks``: the tile's KV positions a chunk (``BLINK_EDU_ATTENTION_CHUNK``, a compile-time
-constant; the default is what the executors run), each value timed in a process of its own;
-``--tile-spans`` instead: the fewest positions one block walks of a tile's context
-(``BLINK_EDU_TILE_SPAN``; 0: one block walks it all).
+constant; the default is what the executors run), each value timed in a process of its own.
 ``--decode``: decode batches instead (one token a sequence, contexts ``--contexts``), the
 per-token path built with each of ``--spans`` (``BLINK_EDU_DECODE_SPAN``: the fewest positions a
 split walks; 0, never split), each against the NumPy reference. Prints the table; with
@@ -38,8 +35,7 @@ from tc_matmul_probe import time_in_graph  # noqa: E402  (tools/, beside this sc
 from blink_edu.bench.results import commit, machine  # noqa: E402
 from blink_edu.kernels import attention, attention_tc  # noqa: E402
 from blink_edu.kernels.attention import (attention_scratch, attention_work_items,  # noqa: E402
-                                         paged_attention_kernel, paged_attention_tc_kernel,
-                                         prompt_tile_items)
+                                         paged_attention_kernel, paged_attention_tc_kernel)
 from blink_edu.kernels.reduce import THREADS, cuda, grid_for  # noqa: E402
 
 H, K, E, B = 9, 3, 64, 16
@@ -64,9 +60,7 @@ def probe(P: int, replays: int, rng, once: bool = False) -> dict:
         out = cuda.to_device(np.full((P, H * E), np.nan, np.float32))
         grid = grid_for(attention_work_items(P, H, K, E, tiles))
 
-        scratch = attention_scratch(E, prompt_tile_items(P, H, K, E, tiles))
-
-        def launch(stream, _, kernel=kernel, out=out, grid=grid, scratch=scratch):
+        def launch(stream, _, kernel=kernel, out=out, grid=grid, scratch=attention_scratch(E)):
             kernel[grid, THREADS, stream](qkv, positions, seq_rows, tables, pool, 7, H, K, out,
                                           *scratch)
 
@@ -149,11 +143,10 @@ def print_rows(rows: list[dict], decode: bool) -> bool:
             print(f"{r['span']:5d} {r['splits']:6d} {r['batch']:6d} {r['context']:8d} {r['us']:8.1f} "
                   f"{r['rel_err']:9.1e}")
         return all(r["rel_err"] < 1e-4 for r in rows)
-    print(f"{'chunk':>5s} {'span':>5s} {'tokens':>7s} {'per-token µs':>13s} {'tile µs':>9s} "
-          f"{'speedup':>8s} {'tile TFLOP/s':>13s} {'rel diff':>9s}")
+    print(f"{'chunk':>5s} {'tokens':>7s} {'per-token µs':>13s} {'tile µs':>9s} {'speedup':>8s} "
+          f"{'tile TFLOP/s':>13s} {'rel diff':>9s}")
     for r in rows:
-        print(f"{r['chunk']:5d} {r['tile_span']:5d} {r['tokens']:7d} {r['per_token_us']:13.1f} "
-              f"{r['tile_us']:9.1f} "
+        print(f"{r['chunk']:5d} {r['tokens']:7d} {r['per_token_us']:13.1f} {r['tile_us']:9.1f} "
               f"{r['speedup']:8.1f} {r['tile_tflops']:13.2f} {r['rel_diff']:9.1e}")
     return all(r["rel_diff"] < 1e-2 for r in rows)
 
@@ -163,9 +156,6 @@ def main() -> int:
     parser.add_argument("--tokens", type=int, nargs="+", default=[128, 512, 2048])
     parser.add_argument("--chunks", type=int, nargs="+",
                         default=[attention_tc.chunk_positions(None)])  # the default: what runs
-    parser.add_argument("--tile-spans", type=int, nargs="+", default=None,
-                        help="instead of --chunks: the tile built with each of these fewest "
-                             "positions a block walks of a tile's context (0: one block all)")
     parser.add_argument("--decode", action="store_true",
                         help="decode batches instead: the per-token path at each of --spans")
     parser.add_argument("--spans", type=int, nargs="+", default=[0, 64, 128])
@@ -186,11 +176,8 @@ def main() -> int:
         rows = rows_in_children(args, "BLINK_EDU_DECODE_SPAN", args.spans, lambda: [
             probe_decode(b, c, args.replays, rng) for c in args.contexts for b in args.batches])
     else:
-        variable, values = (("BLINK_EDU_TILE_SPAN", args.tile_spans) if args.tile_spans
-                            else ("BLINK_EDU_ATTENTION_CHUNK", args.chunks))
-        rows = rows_in_children(args, variable, values, lambda: [
-            {**probe(P, args.replays, rng), "chunk": attention_tc.KC,
-             "tile_span": attention_tc.TILE_SPAN} for P in args.tokens])
+        rows = rows_in_children(args, "BLINK_EDU_ATTENTION_CHUNK", args.chunks, lambda: [
+            {**probe(P, args.replays, rng), "chunk": attention_tc.KC} for P in args.tokens])
     ok = print_rows(rows, args.decode)
     if args.json:
         with open(args.json, "w") as f:

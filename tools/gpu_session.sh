@@ -52,12 +52,11 @@ cp bench/results/slo.json "$OUT/slo.json"  # --real merges into the simulator's 
 timeout 420 python3 -m blink_edu.bench.slo --real --executor graph --rates auto --num-requests 200 \
   --policies fcfs,lvf,waiting-first,swapped-first --out "$OUT" --no-progress 2>&1 | tail -12
 ;;
-attention)  # the prompt attention tile, its context walked by one block or split over spans of at least
-            # 64 / 128 / 256 positions, against the per-token path; decode
+attention)  # the prompt attention tile: chunk sizes 16 / 32 / 64 against the per-token path; decode
             # batches on the per-token path, split over spans of 64 / 128 positions or not; then Nsight
             # Compute on both kernels at one 512-token prompt
-timeout 240 python3 tools/attention_probe.py --tile-spans 0 64 128 256 --tokens 512 2048 \
-  --json "$OUT/attention_probe.json" 2>&1 | grep -v -i warn | tee "$OUT/attention_probe.log" | tail -12
+timeout 240 python3 tools/attention_probe.py --chunks 16 32 64 --json "$OUT/attention_probe.json" \
+  2>&1 | grep -v -i warn | tee "$OUT/attention_probe.log" | tail -12
 timeout 120 python3 tools/attention_probe.py --decode --json "$OUT/attention_probe_decode.json" \
   2>&1 | grep -v -i warn | tee "$OUT/attention_probe_decode.log" | tail -14
 timeout 200 ncu --clock-control none -k regex:paged_attention --section LaunchStats --section Occupancy \

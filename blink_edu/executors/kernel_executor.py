@@ -32,8 +32,7 @@ import numpy as np
 
 from ..backend import get_backend
 from ..config import EngineConfig
-from ..kernels.attention import (attention_kernel, attention_scratch, prompt_tile_items,
-                                 uses_attention_tiles)
+from ..kernels.attention import attention_kernel, attention_scratch, uses_attention_tiles
 from ..kernels.elementwise import embed_tokens_kernel, swiglu_kernel
 from ..kernels.linear import (launch_linear, launch_linear_qkv_rope, launch_linear_swiglu,
                               uses_tensor_cores)
@@ -160,8 +159,7 @@ class EagerExecutor:
         self.gate_up = cuda.device_array((max_t, 2 * F), f32)
         self.act = cuda.device_array((max_t, F), f32)
         self.logits = cuda.device_array((max_s, cfg.vocab_size), f32)
-        self.attn_partials, self.attn_arrivals = attention_scratch(  # attention's splits
-            E, prompt_tile_items(max_t, H, K, E, uses_tensor_cores(weight_dtype)))
+        self.attn_partials, self.attn_arrivals = attention_scratch(E)  # attention's splits
         self.all_rows = cuda.to_device(np.arange(max_t, dtype=np.int32))
         self.row_scale = cuda.device_array(max_t, f32)  # the tensor-core tile's 1 / rms per row
         self.tensor_cores = uses_tensor_cores(weight_dtype)  # batched steps on tensor cores

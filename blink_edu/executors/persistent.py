@@ -30,7 +30,7 @@ import numpy as np
 
 from ..backend import get_backend
 from ..config import EngineConfig
-from ..kernels.attention import attention_scratch, prompt_tile_items
+from ..kernels.attention import attention_scratch
 from ..kernels.linear import uses_tensor_cores
 from ..kernels.reduce import THREADS, cuda
 from ..kernels.sync import clock_handshake
@@ -118,8 +118,7 @@ class PersistentExecutor:
             free_top=cuda.to_device(np.array([N], i32)),
             sched=cuda.to_device(self._initial_sched()),
             candidates=cuda.device_array(pk.MAX_CANDIDATES, i32))
-        attn_partials, attn_arrivals = attention_scratch(  # attention's splits
-            E, prompt_tile_items(T, H, K, E, self.model.tensor_cores))
+        attn_partials, attn_arrivals = attention_scratch(E)  # attention's splits
         self.step_buffers = StepBuffers(
             x=cuda.device_array((T, D), f32), qkv=cuda.device_array((T, (H + 2 * K) * E), f32),
             attn=cuda.device_array((T, H * E), f32), gate_up=cuda.device_array((T, 2 * F), f32),

@@ -44,8 +44,8 @@ import numpy as np
 from numba import float32
 
 from . import loads
-from .attention_tc import (ROWS, TILE_SPANS, WORKSPACE_WORDS, attend_tile, one_sequence,
-                           tc_attention_tiles, tc_attention_tiles_device)
+from .attention_tc import (ROWS, WORKSPACE_WORDS, attend_tile, one_sequence, tc_attention_tiles,
+                           tc_attention_tiles_device)
 from .loads import VEC, load8_at, load_from_l2
 from .reduce import (NEG_INF, THREADS, block_max, block_sum, cuda, divmod32,
                      kernel_for_blocks_per_sm, last_block_to_arrive)
@@ -102,23 +102,12 @@ def span_of(context, splits):
 span_of_device = cuda.jit(device=True, inline=True)(span_of)
 
 
-def prompt_tile_items(num_tokens, num_heads, num_kv_heads, head_dim, tensor_cores):
-    """Tensor-core tiles (a tile of tokens and a KV head each) a step of ``num_tokens`` may
-    hold: 0 without ``tensor_cores`` or for heads the tile does not take."""
-    if not tensor_cores:
-        return 0
-    return tc_attention_tiles(num_tokens, num_heads // num_kv_heads, head_dim) * num_kv_heads
-
-
-def attention_scratch(head_dim: int, tile_items: int = 0):
-    """What the splits of ``paged_attention`` exchange: ``partials`` (P, E + 2) f32 — a split's
-    (acc, m, l): SPLIT_BLOCKS rows for the (token, head) pairs' splits, then ROWS x TILE_SPANS
-    for each of ``tile_items`` prompt tiles (``prompt_tile_items`` of the largest step) — and
-    ``arrivals`` (SPLIT_BLOCKS + tile_items,) i32, the splits of a pair or a tile done so far
-    (zeros: the merging split resets its count). A tile without rows walks its context alone."""
-    rows = SPLIT_BLOCKS + tile_items * ROWS * TILE_SPANS
-    return (cuda.device_array((rows, head_dim + 2), np.float32),
-            cuda.to_device(np.zeros(SPLIT_BLOCKS + tile_items, np.int32)))
+def attention_scratch(head_dim: int):
+    """What the splits of ``paged_attention`` exchange: ``partials`` (SPLIT_BLOCKS, E + 2) f32,
+    a split's (acc, m, l), and ``arrivals`` (SPLIT_BLOCKS,) i32, the splits of a (token, head)
+    done so far (zeros: the merging split resets its count)."""
+    return (cuda.device_array((SPLIT_BLOCKS, head_dim + 2), np.float32),
+            cuda.to_device(np.zeros(SPLIT_BLOCKS, np.int32)))
 
 
 @cuda.jit(device=True, inline=True)
@@ -283,9 +272,9 @@ def merge_splits(t, h, pair, split, splits, used, m, total, out, partials, arriv
 def attention_work_items(num_tokens, num_heads, num_kv_heads, head_dim, tensor_cores):
     """Work items of ``paged_attention`` (to size the grid): a tile a KV head where
     ``tensor_cores``, then the splits of the (token, query head) pairs."""
-    tiles = prompt_tile_items(num_tokens, num_heads, num_kv_heads, head_dim, tensor_cores)
+    tiles = tc_attention_tiles(num_tokens, num_heads // num_kv_heads, head_dim) if tensor_cores else 0
     pairs = num_tokens * num_heads
-    return tiles * TILE_SPANS + pairs * attention_splits(pairs)
+    return tiles * num_kv_heads + pairs * attention_splits(pairs)
 
 
 @cuda.jit(device=True, inline=True)
@@ -294,11 +283,9 @@ def paged_attention(qkv, positions, seq_rows, block_tables, kv_pool, layer, num_
     """out (T, H * E) = softmax(q k^T / sqrt(E)) v per (token, head), q read from qkv (T, ...).
     Requires E <= THREADS, or E % 8 == 0 (with wide loads) and E <= MAX_HEAD_DIM. With
     ``tensor_cores`` (an fp16 model), a tile of consecutive tokens of one sequence — a prompt
-    chunk — is TILE_SPANS work items of ``attention_tc.attend_tile`` for a KV head, one a span
-    of its context (those its context has; the rest return at once); the tokens of the other
-    tiles (a decode batch: one token a sequence) take ``attend_token``, one split of a
-    (token, query head) an item. Items ``[0, tiles * K * TILE_SPANS)`` are the tiles', the last
-    tiles first, the rest the splits.
+    chunk — is one work item of ``attention_tc.attend_tile`` for a KV head; the tokens of the
+    other tiles (a decode batch: one token a sequence) take ``attend_token``, one split of a
+    (token, query head) an item. Items ``[0, tiles * K)`` are the tiles, the rest the splits.
     ``partials``, ``arrivals``: ``attention_scratch``."""
     T = qkv.shape[0]
     group = divmod32(num_heads, num_kv_heads)[0]
@@ -306,28 +293,24 @@ def paged_attention(qkv, positions, seq_rows, block_tables, kv_pool, layer, num_
     if tensor_cores:
         tiles = tc_attention_tiles_device(T, group, kv_pool.shape[5])
     per_tile = divmod32(ROWS, group)[0]  # tokens a tile
-    tile_work = tiles * num_kv_heads * TILE_SPANS  # (tile, KV head, span) items
+    tile_items = tiles * num_kv_heads
     workspace = cuda.shared.array(WORKSPACE, float32)  # one allocation, every path's views
     if tensor_cores:  # (a constant False compiles the tile out)
-        tile_partials, tile_arrivals = partials[SPLIT_BLOCKS:], arrivals[SPLIT_BLOCKS:]
-        for item in range(block, tile_work, n_blocks):
-            rest, kvh = divmod32(item, num_kv_heads)
-            back, span = divmod32(rest, TILE_SPANS)
-            tile = tiles - 1 - back  # the last tiles first: theirs are the longest contexts
+        for item in range(block, tile_items, n_blocks):
+            tile, kvh = divmod32(item, num_kv_heads)
             t0 = tile * per_tile
             n = min(per_tile, T - t0)
             if one_sequence(positions, seq_rows, t0, n):
                 attend_tile(qkv, positions, seq_rows, block_tables, kv_pool, layer, group, kvh,
-                            t0, n, span, out, tile_partials, tile_arrivals,
-                            tile * num_kv_heads + kvh, workspace.view(np.uint32))
-    # the splits of the (token, query head) pairs, after the tiles': each block a run of
+                            t0, n, out, workspace.view(np.uint32))
+    # the splits of the (token, query head) pairs, on the blocks after the tiles', each a run of
     # consecutive items (a split's items on consecutive blocks while they are fewer than the
     # blocks; else a token's heads, then the next token's), so that a block asks once per tile,
-    # not once per item, whether a tile took its tokens — four loads, which with an item a block
-    # at a time made a prefill's 4608 skipped items cost more than the tiles' work
+    # not once per item, whether a tile took its tokens (four dependent loads: at 2048 prompt
+    # tokens, 18 skipped items a block asked one after another took 30 µs on the H200)
     splits = attention_splits_device(T * num_heads)
     items = T * num_heads * splits
-    first = divmod32(block + n_blocks - divmod32(tile_work, n_blocks)[1], n_blocks)[1]
+    first = divmod32(block + n_blocks - divmod32(tile_items, n_blocks)[1], n_blocks)[1]
     run = divmod32(items + n_blocks - 1, n_blocks)[0]  # items a block
     checked, in_tile = -1, False  # the last tile asked about, and the answer
     for item in range(first * run, min(items, first * run + run)):

@@ -52,13 +52,11 @@ from __future__ import annotations
 import math
 import os
 
-import numpy as np
 from numba import float32, int32, uint32, uint64
 
-from .loads import load4_flat, load_from_l2
+from .loads import load4_flat
 from .matmul_tc import mma_m16n8k16, pack_half2
-from .reduce import (NEG_INF, THREADS, WARP, cuda, divmod32, last_block_to_arrive, quad_max,
-                     quad_sum)
+from .reduce import NEG_INF, THREADS, WARP, cuda, divmod32, quad_max, quad_sum
 
 HEAD_DIM = 64  # E: the only head size the tile takes
 
@@ -92,23 +90,6 @@ V_LOADS = -(-(KC // 2) * OCTETS // THREADS)  # and of value pairs (two positions
 TRACKED = K_LOADS + V_LOADS  # positions a thread keeps the paged slot of: its keys', its pairs'
 ZERO = float32(0)
 LOG2E = float32(1.4426950408889634)  # log2(e)
-FLOOR = float32(-1e30)  # where a row's running max starts: finite, so 2^(s - m) of a row that
-#                         has seen no position yet is 2^-inf = 0, never NaN
-
-
-def tile_span_positions(value: str | None) -> int:
-    """The fewest KV positions one block walks of a tile's context, from
-    ``BLINK_EDU_TILE_SPAN`` (read once, at import; a multiple of KC): 128 by default, 0 never
-    to split a tile."""
-    span = int(value) if value and value.strip() else 128
-    if span < 0 or span % KC:
-        raise ValueError(f"BLINK_EDU_TILE_SPAN must be 0 or a multiple of {KC}, got {value!r}")
-    return span
-
-
-TILE_SPAN = tile_span_positions(os.environ.get("BLINK_EDU_TILE_SPAN"))
-TILE_SPANS = 8  # blocks a tile's context is split over, at most
-MERGE_UNROLL = 8  # loads of partials a thread has in flight when the last span merges
 
 
 def tc_attention_tiles(num_tokens, group, head_dim):
@@ -121,19 +102,6 @@ def tc_attention_tiles(num_tokens, group, head_dim):
 
 
 tc_attention_tiles_device = cuda.jit(device=True)(tc_attention_tiles)
-
-
-def tile_spans(end):
-    """(spans, positions a span) of a tile whose last token sees ``end`` positions: its context
-    cut into at most TILE_SPANS spans of whole chunks, each at least TILE_SPAN positions long
-    (one span, the whole context, when TILE_SPAN is 0)."""
-    chunks = (end + KC - 1) // KC
-    spans = 1 if TILE_SPAN == 0 else max(1, min(TILE_SPANS, chunks // (TILE_SPAN // KC)))
-    per_span = (chunks + spans - 1) // spans  # chunks
-    return (chunks + per_span - 1) // per_span, per_span * KC
-
-
-tile_spans_device = cuda.jit(device=True)(tile_spans)
 
 
 @cuda.jit(device=True, inline=True)
@@ -171,17 +139,17 @@ def eight_at(kv_pool, at):
 
 
 @cuda.jit(device=True, inline=True)
-def first_chunk_slots(block_size, c0, pages, slots):
-    """(page, slot) — the block-table column and the slot in its block — of the positions this
-    thread loads of the first chunk, at ``c0``: its K_LOADS keys' (position ``c0 + a // OCTETS``
-    of load ``a``), then its V_LOADS value pairs' first (``c0 + 2 (a // OCTETS)``).
-    ``next_chunk_slots`` moves them on a chunk, so that a chunk's loads divide nothing."""
+def first_chunk_slots(block_size, pages, slots):
+    """(page, slot) — the block-table column and the slot in its block — of the first chunk's
+    positions this thread loads: its K_LOADS keys' (position ``a // OCTETS`` of load ``a``),
+    then its V_LOADS value pairs' first (``2 (a // OCTETS)``). ``next_chunk_slots`` moves them
+    on a chunk, so that a chunk's loads divide nothing."""
     tid = cuda.threadIdx.x
     for j in range(K_LOADS):
-        pages[j], slots[j] = divmod32(c0 + (tid + j * THREADS) // OCTETS, block_size)
+        pages[j], slots[j] = divmod32((tid + j * THREADS) // OCTETS, block_size)
     for j in range(V_LOADS):
-        pages[K_LOADS + j], slots[K_LOADS + j] = divmod32(
-            c0 + 2 * ((tid + j * THREADS) // OCTETS), block_size)
+        pages[K_LOADS + j], slots[K_LOADS + j] = divmod32(2 * ((tid + j * THREADS) // OCTETS),
+                                                          block_size)
 
 
 @cuda.jit(device=True, inline=True)
@@ -321,66 +289,11 @@ def causal_mask(s, c0, pos_a, pos_b):
 
 
 @cuda.jit(device=True, inline=True)
-def leave_partial(o, m_a, l_a, m_b, l_b, partials, row_a, row_b):
-    """This lane's share of a span's (O, m, l) for its rows g and g + 8, in ``partials`` rows
-    ``row_a`` and ``row_b`` (E numbers of O, then m, then l)."""
-    t = cuda.threadIdx.x % 4
-    for nd in range(O_TILES):
-        e = nd * 8 + 2 * t
-        partials[row_a, e], partials[row_a, e + 1] = o[nd, 0], o[nd, 1]
-        partials[row_b, e], partials[row_b, e + 1] = o[nd, 2], o[nd, 3]
-    if t == 0:  # (m and l are the same in the four lanes of a row)
-        partials[row_a, HEAD_DIM], partials[row_a, HEAD_DIM + 1] = m_a, l_a
-        partials[row_b, HEAD_DIM], partials[row_b, HEAD_DIM + 1] = m_b, l_b
-
-
-@cuda.jit(device=True, inline=True)
-def merge_tile_spans(partials, first, spans, group, kvh, t0, n, out, shared):
-    """The last of a tile's ``spans`` spans to arrive adds them up: per row (a (token, head) of
-    the tile), ``out = sum_s 2^(m_s - M) O_s / sum_s 2^(m_s - M) l_s`` with ``M = max_s m_s``,
-    from the rows ``first + r TILE_SPANS + s`` of ``partials``, read from L2. ``shared``: float32
-    (>= ROWS x TILE_SPANS), each row's span weights. Every thread of the block must call it."""
-    tid = cuda.threadIdx.x
-    for r in range(tid, ROWS, THREADS):  # each row's weights 2^(m_s - M) / sum_s 2^(m_s - M) l_s
-        at = first + r * TILE_SPANS
-        top = FLOOR
-        for s in range(TILE_SPANS):  # (constant bounds: unrolled, the loads issued together)
-            if s < spans:
-                top = max(top, load_from_l2(partials, at + s, HEAD_DIM))
-        total = ZERO
-        for s in range(TILE_SPANS):
-            if s < spans:
-                weight = math.exp2(load_from_l2(partials, at + s, HEAD_DIM) - top)
-                shared[r * TILE_SPANS + s] = weight
-                total += weight * load_from_l2(partials, at + s, HEAD_DIM + 1)
-        for s in range(TILE_SPANS):
-            if s < spans:
-                shared[r * TILE_SPANS + s] /= total
-    cuda.syncthreads()
-    for i0 in range(0, ROWS * HEAD_DIM, THREADS * MERGE_UNROLL):  # consecutive threads, dims
-        for u in range(MERGE_UNROLL):
-            r, e = divmod32(i0 + u * THREADS + tid, HEAD_DIM)
-            j, head = divmod32(r, group)  # the row's token of the tile, its head in the group
-            if j < n:
-                value = ZERO
-                for s in range(TILE_SPANS):
-                    if s < spans:
-                        value += shared[r * TILE_SPANS + s] * load_from_l2(
-                            partials, first + r * TILE_SPANS + s, e)
-                out[t0 + j, (kvh * group + head) * HEAD_DIM + e] = value
-
-
-@cuda.jit(device=True, inline=True)
-def attend_tile(qkv, positions, seq_rows, block_tables, kv_pool, layer, group, kvh, t0, n, span,
-                out, partials, arrivals, item, words):
+def attend_tile(qkv, positions, seq_rows, block_tables, kv_pool, layer, group, kvh, t0, n, out,
+                words):
     """out[t, h * E : (h + 1) * E] for the n (<= ROWS // group) consecutive tokens t0 .. t0 + n - 1
-    of one sequence and the query heads h of KV head ``kvh``: work item ``item`` (a tile and KV
-    head), this block's span ``span`` of it (``tile_spans``; nothing when the context has fewer).
-    A tile of several spans leaves each span's (O, m, l) in ``partials`` — rows
-    ``item ROWS TILE_SPANS + r TILE_SPANS + span`` — and the last span to arrive
-    (``arrivals[item]``) merges them into ``out``; where ``partials`` has no rows for ``item``,
-    one span walks the whole context. ``words``: shared uint32 (>= WORKSPACE_WORDS). Every
-    thread of the block must call it."""
+    of one sequence and the query heads h of KV head ``kvh``. ``words``: shared uint32
+    (>= WORKSPACE_WORDS). Every thread of the block must call it."""
     warp, lane = cuda.threadIdx.x // WARP, cuda.threadIdx.x % WARP
     g, t = lane // 4, lane % 4
     k_tile = words[:K_WORDS]  # keys (KC x K_STRIDE words), fp16 pairs
@@ -394,13 +307,6 @@ def attend_tile(qkv, positions, seq_rows, block_tables, kv_pool, layer, group, k
     slots = cuda.local.array(TRACKED, int32)
     row, p0 = seq_rows[t0], positions[t0]
     end = p0 + n  # the context of the tile's last token
-    spans, span_positions = tile_spans_device(end)
-    if (item + 1) * ROWS * TILE_SPANS > partials.shape[0] or item >= arrivals.shape[0]:
-        spans, span_positions = 1, end  # no room to leave partials: one block, the whole walk
-    if span >= spans:
-        return  # (the whole block)
-    lo = span * span_positions
-    hi = min(end, lo + span_positions)  # this block's positions: lo .. hi - 1
     # This lane's rows: g and g + 8 of the warp's 16, each a (token, query head) pair. Rows past
     # the tile's tokens compute with the last token's position and are never written.
     ra, rb = warp * 16 + g, warp * 16 + g + 8
@@ -416,18 +322,18 @@ def attend_tile(qkv, positions, seq_rows, block_tables, kv_pool, layer, group, k
     for nd in range(O_TILES):
         for q in range(4):
             o[nd, q] = 0
-    m_a = m_b = FLOOR
+    m_a = m_b = NEG_INF
     l_a = l_b = ZERO  # this lane's share of each row's sum (the quad adds them at the end)
     B, K = kv_pool.shape[3], kv_pool.shape[4]
     base = uint32((layer * 2 * B * K + kvh) * HEAD_DIM)  # kv_pool[0, layer, 0, 0, kvh, 0]
     step = divmod32(KC, B)
     strides, table = pool_strides(kv_pool), block_tables[row]
-    first_chunk_slots(B, lo, pages, slots)
-    load_chunk(kv_pool, strides, table, base, lo, end, pages, slots, kreg, vreg)
+    first_chunk_slots(B, pages, slots)
+    load_chunk(kv_pool, strides, table, base, 0, end, pages, slots, kreg, vreg)
     store_chunk(kreg, vreg, k_tile, vt_tile)
     cuda.syncthreads()
-    for c0 in range(lo, hi, KC):
-        more = c0 + KC < hi
+    for c0 in range(0, end, KC):
+        more = c0 + KC < end
         if more:  # the next chunk's loads, in flight during this chunk's math
             next_chunk_slots(pages, slots, step, B)
             load_chunk(kv_pool, strides, table, base, c0 + KC, end, pages, slots, kreg, vreg)
@@ -440,6 +346,7 @@ def attend_tile(qkv, positions, seq_rows, block_tables, kv_pool, layer, group, k
                 max_a = max(max_a, max(s[ni, 0], s[ni, 1]))
                 max_b = max(max_b, max(s[ni, 2], s[ni, 3]))
             new_a, new_b = max(m_a, quad_max(max_a)), max(m_b, quad_max(max_b))
+            # Finite after the first chunk: position 0 is in every row's context.
             rescale_a, rescale_b = math.exp2(m_a - new_a), math.exp2(m_b - new_b)
             m_a, m_b = new_a, new_b
             l_a, l_b = l_a * rescale_a, l_b * rescale_b
@@ -457,20 +364,11 @@ def attend_tile(qkv, positions, seq_rows, block_tables, kv_pool, layer, group, k
             store_chunk(kreg, vreg, k_tile, vt_tile)
             cuda.syncthreads()
     l_a, l_b = quad_sum(l_a), quad_sum(l_b)
-    if spans == 1:  # the whole context: the rows are done
-        for nd in range(O_TILES):
-            e = nd * 8 + 2 * t
-            if ja < n:
-                out[ta, ha * HEAD_DIM + e] = o[nd, 0] / l_a
-                out[ta, ha * HEAD_DIM + e + 1] = o[nd, 1] / l_a
-            if jb < n:
-                out[tb, hb * HEAD_DIM + e] = o[nd, 2] / l_b
-                out[tb, hb * HEAD_DIM + e + 1] = o[nd, 3] / l_b
-        return
-    first = item * ROWS * TILE_SPANS  # the item's rows of ``partials``
-    leave_partial(o, m_a, l_a, m_b, l_b, partials, first + ra * TILE_SPANS + span,
-                  first + rb * TILE_SPANS + span)
-    # (the flag in a word no chunk and no merge writes: V^T's padding)
-    if last_block_to_arrive(arrivals, item, spans, words[WORKSPACE_WORDS - 1:]):
-        merge_tile_spans(partials, first, spans, group, kvh, t0, n, out, words.view(np.float32))
-        cuda.syncthreads()  # the weights in shared memory are read before the next item's chunk
+    for nd in range(O_TILES):
+        e = nd * 8 + 2 * t
+        if ja < n:
+            out[ta, ha * HEAD_DIM + e] = o[nd, 0] / l_a
+            out[ta, ha * HEAD_DIM + e + 1] = o[nd, 1] / l_a
+        if jb < n:
+            out[tb, hb * HEAD_DIM + e] = o[nd, 2] / l_b
+            out[tb, hb * HEAD_DIM + e + 1] = o[nd, 3] / l_b

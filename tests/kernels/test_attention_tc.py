@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 
 from blink_edu.kernels.attention import (attention_kernel, attention_scratch, attention_splits,
-                                         attention_work_items, paged_attention_kernel,
-                                         prompt_tile_items, uses_attention_tiles)
+                                         attention_work_items,
+                                         paged_attention_kernel, uses_attention_tiles)
 from blink_edu.kernels.attention_tc import HEAD_DIM, ROWS
 from blink_edu.kernels.reduce import THREADS, cuda, grid_for
 
@@ -28,14 +28,13 @@ def chunk_batch(rng, chunks, block_size, num_blocks):
     return positions, seq_rows, tables
 
 
-def attention(qkv, positions, seq_rows, tables, pool, layer, H, K, tensor_cores, scratch=None):
+def attention(qkv, positions, seq_rows, tables, pool, layer, H, K, tensor_cores):
     T, E = len(positions), pool.shape[-1]
     out = cuda.to_device(np.full((T, H * E), np.nan, np.float32))
     grid = grid_for(attention_work_items(T, H, K, E, tensor_cores))
-    scratch = scratch or attention_scratch(E, prompt_tile_items(T, H, K, E, tensor_cores))
     attention_kernel(uses_attention_tiles(tensor_cores, True, H // K, E))[grid, THREADS](
         cuda.to_device(qkv), cuda.to_device(positions), cuda.to_device(seq_rows),
-        cuda.to_device(tables), cuda.to_device(pool), layer, H, K, out, *scratch)
+        cuda.to_device(tables), cuda.to_device(pool), layer, H, K, out, *attention_scratch(E))
     return out.copy_to_host()
 
 
@@ -79,40 +78,6 @@ def test_prompt_tiles_match_the_reference(rng, heads, kv_heads, block_size):
     assert rel_err(tiled, expected) > 1e-6, "the tile rounds to fp16"
     for t in range(len(expected)):  # every token, not only on average
         assert rel_err(tiled[t], expected[t]) < 2e-2, t
-
-
-def test_tile_spans_cover_the_context_in_whole_chunks():
-    from blink_edu.kernels.attention_tc import KC, TILE_SPAN, TILE_SPANS, tile_spans
-    for end in range(1, 6000, 7):
-        spans, positions = tile_spans(end)
-        assert 1 <= spans <= TILE_SPANS and positions % KC == 0
-        assert (spans - 1) * positions < end <= spans * positions  # no span empty, none missing
-        if spans > 1:
-            assert positions >= TILE_SPAN
-    assert tile_spans(512) == (4, 128) and tile_spans(100) == (1, 128)
-
-
-def test_a_long_context_is_walked_in_spans_and_merged(rng):
-    """A tile whose context is several TILE_SPANs long is walked by several blocks, the last to
-    arrive merging what they left in ``partials``: within fp16 rounding of the reference, the
-    same as one block walking it all (no rows in ``partials`` for the tile), and every arrival
-    count back at 0 for the next layer. Beside it a tile of one span."""
-    from blink_edu.kernels.attention_tc import TILE_SPAN, tile_spans
-    H, K, B = 3, 1, 5
-    per_tile = ROWS // (H // K)
-    start = 2 * TILE_SPAN + int(rng.integers(10, 40))  # (the simulator walks ~1 s a chunk)
-    chunks = [(start, per_tile), (int(rng.integers(3, 20)), per_tile)]
-    assert tile_spans(start + per_tile)[0] == 2 and tile_spans(chunks[1][0] + per_tile)[0] == 1
-    args, expected = random_case(rng, H, K, chunks, B=B, N=2 * -(-(start + per_tile) // B) + 2)
-    T, E = len(args[1]), HEAD_DIM
-    scratch = attention_scratch(E, prompt_tile_items(T, H, K, E, True))
-    spanned = attention(*args, H, K, tensor_cores=1, scratch=scratch)
-    assert 1e-6 < rel_err(spanned, expected) < 1e-2
-    for t in range(T):
-        assert rel_err(spanned[t], expected[t]) < 2e-2, t
-    assert not scratch[1].copy_to_host().any(), "the merging span resets its count"
-    alone = attention(*args, H, K, tensor_cores=1, scratch=attention_scratch(E))
-    assert 0 < rel_err(spanned, alone) < 1e-4  # the same fp16 operands, summed in another order
 
 
 def check_ragged_batch(rng, H, K, chunks, B, N):
