@@ -8,11 +8,12 @@ of the model is always the same sequence of ops::
     k = 1 .. 7 L         QKV, ROPE_KV, ATTENTION, O_PROJ, GATE_UP, SWIGLU, DOWN   (per layer)
     k = 7 L + 1, + 2     LM_HEAD, SAMPLE
 
-At batch 1, and for a decode batch on tensor cores, ROPE_KV and SWIGLU ride in the epilogue of
+At batch 1, and for a batched step on tensor cores, ROPE_KV and SWIGLU ride in the epilogue of
 the projection before them (``kernels/linear.py``: ``linear_qkv_rope``, ``linear_swiglu``;
 ``fuses_next_op`` says when) and are skipped: ``fused_into_linear(op, T, tensor_cores)`` says
-so, the same way for every executor — five ops a layer instead of seven, so five launches or
-grid barriers.
+so for the eager and graph executors (a prompt chunk's on the tensor-core tile), and
+``fused_into_linear_device`` for the persistent kernel (up to TC_DECODE_MAX_ROWS tokens: it has
+no tile) — five ops a layer instead of seven, so five launches or grid barriers.
 
 ``op_of(k, L)`` names the k-th op and its layer; ``forward_op`` runs one op over the step's
 ``T`` tokens and ``R`` sampled rows with the same device functions the eager executor launches
@@ -65,10 +66,10 @@ op_of_device = cuda.jit(device=True)(op_of)
 def fused_into_linear(op, num_tokens, tensor_cores):
     """Whether ``op`` has nothing to do in a host-launched step (eager, graph) of ``num_tokens``
     tokens, because the projection before it did it in its epilogue (``linear.fuses_next_op``):
-    RoPE and the KV write up to TC_DECODE_MAX_ROWS tokens, SwiGLU at any size on tensor cores
-    (``linear.launch_linear_swiglu``)."""
-    limit = num_tokens if op == SWIGLU else TC_DECODE_MAX_ROWS
-    return (op == ROPE_KV or op == SWIGLU) and fuses_next_op(num_tokens, tensor_cores, limit)
+    RoPE and the KV write, and SwiGLU, at any size on tensor cores
+    (``linear.launch_linear_qkv_rope``, ``linear.launch_linear_swiglu``)."""
+    return (op == ROPE_KV or op == SWIGLU) and fuses_next_op(num_tokens, tensor_cores,
+                                                             num_tokens)
 
 
 @cuda.jit(device=True)

@@ -63,7 +63,8 @@ from ..backend import get_backend
 from . import loads
 from .loads import VEC, load8, load8_1d
 from .elementwise import silu_times
-from .matmul_tc import launch_tc_linear, launch_tc_swiglu, plus_bias, store_output
+from .matmul_tc import (launch_tc_linear, launch_tc_qkv_rope, launch_tc_swiglu, plus_bias,
+                        store_output, takes_qkv_rope)
 from .matmul_tc_decode import (tc_decode_items, tc_decode_linear, tc_decode_linear_kernel,
                                tc_decode_qkv_rope, tc_decode_qkv_rope_kernel, tc_decode_swiglu,
                                tc_decode_swiglu_kernel)
@@ -482,8 +483,15 @@ def launch_linear_swiglu(x, x_rows, norm_w, eps, w, bias, act, stream) -> None:
 def launch_linear_qkv_rope(x, x_rows, norm_w, eps, w, bias, qkv, positions, seq_rows,
                            block_tables, cos, sin, kv_pool, layer, num_heads, num_kv_heads,
                            stream) -> None:
-    """``linear_qkv_rope`` from the host, for a step ``fuses_next_op`` fuses (as above)."""
+    """``linear_qkv_rope`` from the host, for a step ``fuses_next_op`` fuses: the GEMV's kernel at
+    batch 1, ``matmul_tc_decode``'s up to TC_DECODE_MAX_ROWS tokens, the tensor-core tile's
+    beyond (``matmul_tc.launch_tc_qkv_rope``; ``matmul_tc_decode``'s again for weights or heads
+    the tile cannot take)."""
     R, half = x_rows.shape[0], kv_pool.shape[5] // 2
+    if R > TC_DECODE_MAX_ROWS and takes_qkv_rope(w, 2 * half):
+        launch_tc_qkv_rope(x, x_rows, norm_w, eps, w, bias, qkv, positions, seq_rows,
+                           block_tables, cos, sin, kv_pool, layer, num_heads, num_kv_heads, stream)
+        return
     kernel, items = (
         (gemv_qkv_rope_kernel, gemv_work_items(w.shape[0] // 2)) if R <= FUSED_GEMV_MAX_ROWS
         else (tc_decode_qkv_rope_kernel,

@@ -87,6 +87,13 @@ change) — and n tiles 2q and 2q + 1 of a warp hold the gate and the up of the 
 same accumulator slots (``swiglu_rows``). SwiGLU needs whole sums, so this tile never splits its
 k range: ``launch_tc_swiglu``, one launch for what was a prologue, a tile and a SwiGLU kernel.
 
+**RoPE and the KV write in the epilogue.** The same relabelling serves the qkv projection of a
+prompt chunk: each group of 16 columns of a head is 8 rotation pairs' first elements ``i``, then
+their partners ``i + E/2`` (``rope_row``), so a lane holds both of a pair and rotates q and k,
+and places q in ``qkv`` and k and v in the paged pool itself (``rope.place_pair``, as the decode
+kernels do; ``rope_rows``): ``launch_tc_qkv_rope``, one launch for a prologue, a tile and the
+RoPE kernel.
+
 **Two forms, one tile.** Inline PTX cannot run in Numba's simulator, so the two instructions this
 tile needs — ``mma_m16n8k16`` and ``pack_half2`` (two fp32 to an fp16 pair) — have a simulator
 form chosen once at import, as ``reduce.block_sum`` does: there every thread writes its
@@ -112,7 +119,8 @@ from numba import float32, int32, uint32
 from . import loads
 from .loads import ByAlignment, load4_flat
 from .elementwise import silu_times
-from .reduce import SIMULATOR, THREADS, WARP, block_sum, cuda, grid_for
+from .reduce import SIMULATOR, THREADS, WARP, block_sum, cuda, divmod32, grid_for
+from .rope import pair_target, place_pair
 from .reduce import THREADS as OP_THREADS  # the prologue's block: the reductions' size
 
 # --- tile geometry ---------------------------------------------------------------------------
@@ -123,6 +131,10 @@ A_FRAG = (MI, 4)  # a0..a3 for each of the MI row tiles
 B_FRAG = (NI, 2)  # b0, b1 for each of the NI column tiles
 QUAD = 4  # 32-bit words one 16-byte load brings: 4 fp32 activations, or 4 fp16 weight pairs
 SWIGLU_GROUP = 8  # gate/up with SwiGLU: columns alternate, 8 of the gate, the same 8 of the up
+ROPE_GROUP = 8  # qkv with RoPE: a head's columns alternate, 8 pairs' first halves, their partners
+# What the tile does with its sums — and so which weight row each of its columns reads
+# (``column_row``): add them to ``out``, apply SwiGLU, or rotate and place q, k and v.
+EPILOGUE_ADD, EPILOGUE_SWIGLU, EPILOGUE_ROPE = 0, 1, 2
 
 
 class TileGeometry(NamedTuple):
@@ -596,6 +608,49 @@ def gate_up_row(col, F):
 
 
 @cuda.jit(device=True, inline=True)
+def rope_row(col, head_dim):
+    """The row of w_qkv ((H + 2K) E rows) behind column ``col`` of the RoPE tile: a head's E
+    columns are groups of 2 ROPE_GROUP, 8 rotation pairs' first elements i, then their partners
+    i + E/2 (E a multiple of 16)."""
+    head, within = col // head_dim, col % head_dim
+    group, k = within // (2 * ROPE_GROUP), within % (2 * ROPE_GROUP)
+    i = group * ROPE_GROUP + k % ROPE_GROUP
+    return head * head_dim + i + (head_dim // 2 if k >= ROPE_GROUP else 0)
+
+
+@cuda.jit(device=True, inline=True)
+def rope_rows(qkv, r0, o0, acc, x_rows, norm_w, inv_rms, bias, positions, seq_rows, block_tables,
+              cos, sin, kv_pool, layer, num_heads, num_kv_heads):
+    """The RoPE epilogue: this lane's outputs are whole rotation pairs (``rope_row``): n tiles 2q
+    and 2q + 1 of its warp hold elements i and i + E/2 of one head in the same accumulator
+    slots, with i = 8 (group of 16 in the head) + 2t + c. Each row scaled by the tile's 1 / rms
+    (the k range is never split here), the bias added, the pair placed by ``rope.place_pair``:
+    q rotated into qkv (T, (H + 2K) E), k rotated and v as it is into the token's paged slot."""
+    g, t, m0, n0 = lane_outputs()
+    R, E = x_rows.shape[0], kv_pool.shape[5]
+    half, heads = E // 2, num_heads + 2 * num_kv_heads
+    for mi in range(MI):
+        for pair_half in range(2):  # rows g (c0, c1) and g + 8 (c2, c3)
+            r = r0 + m0 + mi * 16 + pair_half * 8 + g
+            if r < R:
+                token = x_rows[r]
+                scale = inv_rms[r - r0] if norm_w.shape[0] > 0 else float32(1)
+                for q in range(NI // 2):
+                    head, within = divmod32(o0 + n0 + q * 2 * ROPE_GROUP, E)
+                    if head < heads:  # (past the last head: a tile's overhang)
+                        for c in range(2):
+                            i = (within // (2 * ROPE_GROUP)) * ROPE_GROUP + 2 * t + c
+                            target = pair_target(positions, seq_rows, block_tables, cos, sin,
+                                                 token, i, kv_pool.shape[3])
+                            x1 = plus_bias(acc[mi, 2 * q, 2 * pair_half + c] * scale, bias,
+                                           head * E + i)
+                            x2 = plus_bias(acc[mi, 2 * q + 1, 2 * pair_half + c] * scale, bias,
+                                           head * E + i + half)
+                            place_pair(qkv, token, head, i, x1, x2, target, kv_pool, layer,
+                                       num_heads, num_kv_heads)
+
+
+@cuda.jit(device=True, inline=True)
 def tile_inv_rms(I, eps, row_sq, inv_rms):
     """The norm's 1 / rms of the tile's BM rows into ``inv_rms`` (BM,) shared, from the staging
     threads' sums of squares in ``row_sq`` (BM, A_QUADS) shared: A_QUADS threads stage a row,
@@ -634,14 +689,25 @@ def work_item(item, tiles, m_tiles, steps_per_split, k_steps):
 
 
 @cuda.jit(device=True, inline=True)
-def start_item(x_rows, I, N, O, r0, o0, rows, at, acc, row_sq, swiglu):
+def column_row(col, O, epilogue, head_dim):
+    """The row of w (O, I) behind column ``col`` of the tile: itself, or for the SwiGLU and RoPE
+    epilogues (``epilogue``, a constant) ``gate_up_row`` and ``rope_row``."""
+    if epilogue == EPILOGUE_SWIGLU:
+        return gate_up_row(col, O // 2)
+    if epilogue == EPILOGUE_ROPE:
+        return rope_row(col, head_dim)
+    return col
+
+
+@cuda.jit(device=True, inline=True)
+def start_item(x_rows, I, N, O, r0, o0, rows, at, acc, row_sq, epilogue, head_dim):
     """Before a work item's first k step: this thread's loads — ``rows`` (LOADS,) the x row,
     then the w row, of each; ``at`` their flat offsets at k step 0, so that a step's address is
     one addition away — and zero accumulators ``acc`` (MI, NI, 4) and this thread's sums of
     squares in ``row_sq``.
-    Column ``o`` of the tile's N reads row o of w's O, or with ``swiglu`` (a constant) row
-    ``gate_up_row(o)``. A row past R or N reads a real one instead (its outputs are never
-    stored): no test on the way, and only the column is checked, once a step."""
+    Column ``o`` of the tile's N reads row ``column_row(o)`` of w's O. A row past R or N reads a
+    real one instead (its outputs are never stored): no test on the way, and only the column is
+    checked, once a step."""
     tid = cuda.threadIdx.x
     R = x_rows.shape[0]
     for j in range(A_LOADS):
@@ -650,12 +716,69 @@ def start_item(x_rows, I, N, O, r0, o0, rows, at, acc, row_sq, swiglu):
         row_sq[tid // A_QUADS + j * A_ROWS, tid % A_QUADS] = 0
     for j in range(B_LOADS):
         o = min(o0 + tid // B_QUADS + j * B_ROWS, N - 1)
-        rows[A_LOADS + j] = gate_up_row(o, O // 2) if swiglu else o
+        rows[A_LOADS + j] = column_row(o, O, epilogue, head_dim)
         at[A_LOADS + j] = uint32(rows[A_LOADS + j] * (I // 2) + QUAD * (tid % B_QUADS))
     for mi in range(MI):
         for ni in range(NI):
             for q in range(4):
                 acc[mi, ni, q] = 0
+
+
+@cuda.jit(device=True, inline=True)
+def tile_columns(O, epilogue):
+    """The tile's columns over w's O rows: O, or for SwiGLU ``swiglu_columns(O / 2)`` (the last
+    group padded); RoPE's relabelling keeps O (a head is whole groups of 16)."""
+    return swiglu_columns_device(O // 2) if epilogue == EPILOGUE_SWIGLU else O
+
+
+@cuda.jit(device=True, inline=True)
+def tile_product(x, x_rows, norm_w, eps, w, item, steps_per_split, wide, epilogue, head_dim, acc,
+                 inv_rms):
+    """Work item ``item`` (of ``tc_work_items``): its tile of rms_norm?(x[x_rows]) @ w.T over its
+    range of k steps into this lane's ``acc`` (MI, NI, 4), unscaled, and — when it has the whole
+    k range and a norm — its rows' 1 / rms into ``inv_rms`` (BM,) shared. Returns (r0, o0,
+    split): the tile's first row and column, and whether its k range is split among blocks.
+    Every thread of the block must call it (``tc_matmul`` explains the tile)."""
+    R = x_rows.shape[0]
+    O, I = w.shape
+    N = tile_columns(O, epilogue)
+    w2 = fp16_pairs(w)  # (O, I // 2) uint32: word j of row o = w[o, 2j] (low half), w[o, 2j+1]
+    a_tile = cuda.shared.array(A_TILE, uint32)  # (2 x BM x STRIDE,) fp16 pairs of activations
+    b_tile = cuda.shared.array(B_TILE, uint32)  # (2 x BN x STRIDE,) fp16 pairs of weights
+    row_sq = cuda.shared.array(SQ_SHAPE, float32)  # (BM, A_QUADS) partial sums of squares
+    afrag = cuda.local.array(A_FRAG, uint32)  # (MI, 4)
+    bfrag = cuda.local.array(B_FRAG, uint32)  # (NI, 2)
+    xa = cuda.local.array(A_VALUES, float32)  # (A_VALUES,) staged activations
+    wb = cuda.local.array(B_WORDS, uint32)  # (B_WORDS,) staged weight pairs
+    rows = cuda.local.array(LOADS, int32)  # (A_LOADS + B_LOADS,) the row of each load
+    at = cuda.local.array(LOADS, uint32)  # (A_LOADS + B_LOADS,) its flat offset at k step 0
+    m_tiles, tiles, k_steps, splits = tile_counts_device(R, N, I, steps_per_split)
+    squares = norm_w.shape[0] > 0 and splits == 1  # this tile finds its rows' 1 / rms
+    r0, o0, k_first, k_end = work_item(item, tiles, m_tiles, steps_per_split, k_steps)
+    start_item(x_rows, I, N, O, r0, o0, rows, at, acc, row_sq, epilogue, head_dim)
+    load_step(x, w2, rows, at, k_first, wide, xa, wb)
+    store_step(xa, wb, norm_w, k_first, wide, a_tile, b_tile, 0, squares, row_sq)
+    cuda.syncthreads()
+    for kt in range(k_first, k_end):
+        buf = (kt - k_first) % 2
+        if kt + 1 < k_end:  # issue the next step's loads before this step's math
+            load_step(x, w2, rows, at, kt + 1, wide, xa, wb)
+        mma_step(a_tile, b_tile, buf, acc, afrag, bfrag)
+        if kt + 1 < k_end:  # the other buffer: nobody reads it during this step
+            store_step(xa, wb, norm_w, kt + 1, wide, a_tile, b_tile, 1 - buf, squares, row_sq)
+        cuda.syncthreads()
+    if squares:
+        tile_inv_rms(I, eps, row_sq, inv_rms)
+    return r0, o0, splits > 1
+
+
+@cuda.jit(device=True, inline=True)
+def tile_items(x_rows, w, steps_per_split, epilogue):
+    """How many work items the tile has: ``tc_work_items`` inside a kernel."""
+    O, I = w.shape
+    _, tiles, _, splits = tile_counts_device(x_rows.shape[0], tile_columns(O, epilogue), I,
+                                             steps_per_split)
+    return tiles * splits
 
 
 @cuda.jit(device=True, inline=True)
@@ -672,45 +795,34 @@ def tc_matmul(x, x_rows, norm_w, eps, w, bias, row_scale, out, accumulate, steps
     x (T, I) f32; x_rows (R,) i32; norm_w (I,) f32 or (0,); w (O, I) f16, I even; bias (O,) f32
     or (0,); ``wide``: I % 8 == 0, every row 16-byte aligned (a constant of each build of
     ``tc_matmul_kernel``). A work item is one BM x BN tile of ``out`` over ``steps_per_split``
-    k steps of BK. Every thread of the block must call it."""
-    R = x_rows.shape[0]
-    O, I = w.shape
-    N = swiglu_columns_device(O // 2) if swiglu else O  # the tile's columns
-    w2 = fp16_pairs(w)  # (O, I // 2) uint32: word j of row o = w[o, 2j] (low half), w[o, 2j+1]
-    a_tile = cuda.shared.array(A_TILE, uint32)  # (2 x BM x STRIDE,) fp16 pairs of activations
-    b_tile = cuda.shared.array(B_TILE, uint32)  # (2 x BN x STRIDE,) fp16 pairs of weights
-    row_sq = cuda.shared.array(SQ_SHAPE, float32)  # (BM, A_QUADS) partial sums of squares
+    k steps of BK (``tile_product``). Every thread of the block must call it."""
+    epilogue = EPILOGUE_SWIGLU if swiglu else EPILOGUE_ADD
     inv_rms = cuda.shared.array(BM, float32)  # (BM,) the tile's rows' 1 / rms
     acc = cuda.local.array(ACC_SHAPE, float32)  # (MI, NI, 4) this lane's outputs
-    afrag = cuda.local.array(A_FRAG, uint32)  # (MI, 4)
-    bfrag = cuda.local.array(B_FRAG, uint32)  # (NI, 2)
-    xa = cuda.local.array(A_VALUES, float32)  # (A_VALUES,) staged activations
-    wb = cuda.local.array(B_WORDS, uint32)  # (B_WORDS,) staged weight pairs
-    rows = cuda.local.array(LOADS, int32)  # (A_LOADS + B_LOADS,) the row of each load
-    at = cuda.local.array(LOADS, uint32)  # (A_LOADS + B_LOADS,) its flat offset at k step 0
-    m_tiles, tiles, k_steps, splits = tile_counts_device(R, N, I, steps_per_split)
-    squares = norm_w.shape[0] > 0 and splits == 1  # this tile finds its rows' 1 / rms
-    for item in range(block, tiles * splits, n_blocks):
-        r0, o0, k_first, k_end = work_item(item, tiles, m_tiles, steps_per_split, k_steps)
-        start_item(x_rows, I, N, O, r0, o0, rows, at, acc, row_sq, swiglu)
-        load_step(x, w2, rows, at, k_first, wide, xa, wb)
-        store_step(xa, wb, norm_w, k_first, wide, a_tile, b_tile, 0, squares, row_sq)
-        cuda.syncthreads()
-        for kt in range(k_first, k_end):
-            buf = (kt - k_first) % 2
-            if kt + 1 < k_end:  # issue the next step's loads before this step's math
-                load_step(x, w2, rows, at, kt + 1, wide, xa, wb)
-            mma_step(a_tile, b_tile, buf, acc, afrag, bfrag)
-            if kt + 1 < k_end:  # the other buffer: nobody reads it during this step
-                store_step(xa, wb, norm_w, kt + 1, wide, a_tile, b_tile, 1 - buf, squares,
-                           row_sq)
-            cuda.syncthreads()
-        if squares:
-            tile_inv_rms(I, eps, row_sq, inv_rms)
+    for item in range(block, tile_items(x_rows, w, steps_per_split, epilogue), n_blocks):
+        r0, o0, split = tile_product(x, x_rows, norm_w, eps, w, item, steps_per_split, wide,
+                                     epilogue, 0, acc, inv_rms)
         if swiglu:
             swiglu_rows(out, r0, o0, acc, norm_w, inv_rms, bias)
         else:
-            add_tile(out, r0, o0, acc, norm_w, row_scale, inv_rms, bias, accumulate, splits > 1)
+            add_tile(out, r0, o0, acc, norm_w, row_scale, inv_rms, bias, accumulate, split)
+
+
+@cuda.jit(device=True, inline=True)
+def tc_qkv_rope(x, x_rows, norm_w, eps, w, bias, qkv, positions, seq_rows, block_tables, cos,
+                sin, kv_pool, layer, num_heads, num_kv_heads, wide, block, n_blocks):
+    """The qkv projection of ``x_rows`` (R,) tokens with RoPE and the KV write in its epilogue
+    (``linear.gemv_qkv_rope``'s contract, ``rope_rows``): w (O, I) = (H + 2K) E rows, every k step
+    in one block (the rotation needs whole sums)."""
+    E = kv_pool.shape[5]
+    steps = (w.shape[1] + BK - 1) // BK
+    inv_rms = cuda.shared.array(BM, float32)  # (BM,) the tile's rows' 1 / rms
+    acc = cuda.local.array(ACC_SHAPE, float32)  # (MI, NI, 4) this lane's outputs
+    for item in range(block, tile_items(x_rows, w, steps, EPILOGUE_ROPE), n_blocks):
+        r0, o0, _ = tile_product(x, x_rows, norm_w, eps, w, item, steps, wide, EPILOGUE_ROPE, E,
+                                 acc, inv_rms)
+        rope_rows(qkv, r0, o0, acc, x_rows, norm_w, inv_rms, bias, positions, seq_rows,
+                  block_tables, cos, sin, kv_pool, layer, num_heads, num_kv_heads)
 
 
 @cuda.jit(device=True, inline=True)
@@ -768,6 +880,19 @@ def swiglu_tile_kernel(aligned: bool):
     return tc_swiglu_kernel
 
 
+def qkv_rope_tile_kernel(aligned: bool):
+    """``tc_qkv_rope`` as a kernel."""
+
+    @cuda.jit
+    def tc_qkv_rope_kernel(x, x_rows, norm_w, eps, w, bias, qkv, positions, seq_rows,
+                           block_tables, cos, sin, kv_pool, layer, num_heads, num_kv_heads):
+        tc_qkv_rope(x, x_rows, norm_w, eps, w, bias, qkv, positions, seq_rows, block_tables, cos,
+                    sin, kv_pool, layer, num_heads, num_kv_heads, aligned and loads.WIDE_LOADS,
+                    cuda.blockIdx.x, cuda.gridDim.x)
+
+    return tc_qkv_rope_kernel
+
+
 def _in_features(x, x_rows, norm_w, eps, w, *rest):
     return w.shape[1]
 
@@ -777,6 +902,8 @@ def _in_features(x, x_rows, norm_w, eps, w, *rest):
 tc_matmul_kernel = ByAlignment(tile_kernel, _in_features)
 # Launch ``[grid_for(tc_work_items(R, swiglu_columns(F), I, k steps)), THREADS]``.
 tc_swiglu_kernel = ByAlignment(swiglu_tile_kernel, _in_features)
+# Launch ``[grid_for(tc_work_items(R, (H + 2K) E, I, k steps)), THREADS]``.
+tc_qkv_rope_kernel = ByAlignment(qkv_rope_tile_kernel, _in_features)
 
 
 def tc_work_items(R: int, O: int, I: int, steps_per_split: int) -> int:
@@ -838,6 +965,27 @@ def launch_tc_swiglu(x, x_rows, norm_w, eps, w, bias, act, stream=0) -> None:
     N = swiglu_columns(F)
     tc_swiglu_kernel[grid_for(tc_work_items(R, N, I, tile_counts(R, N, I, 1)[2])), THREADS,
                      stream](x, x_rows, norm_w, eps, w, bias, act)
+
+
+def takes_qkv_rope(w, head_dim: int) -> bool:
+    """Whether ``launch_tc_qkv_rope`` takes these qkv weights: I even (read as fp16 pairs) and
+    heads of whole groups of 16 columns (``rope_row``)."""
+    return w.shape[1] % 2 == 0 and head_dim % (2 * ROPE_GROUP) == 0
+
+
+def launch_tc_qkv_rope(x, x_rows, norm_w, eps, w, bias, qkv, positions, seq_rows, block_tables,
+                       cos, sin, kv_pool, layer, num_heads, num_kv_heads, stream=0) -> None:
+    """``rms_norm?(x[x_rows]) @ w_qkv.T + bias`` on tensor cores with RoPE and the KV write in the
+    epilogue (``tc_qkv_rope``), one launch: q rotated into qkv (T, (H + 2K) E), k rotated and v
+    into kv_pool (N, L, 2, B, K, E). Every k step in one block, so no prologue."""
+    R, (O, I), E = x_rows.shape[0], w.shape, kv_pool.shape[5]
+    if not takes_qkv_rope(w, E) or O != (num_heads + 2 * num_kv_heads) * E:
+        raise ValueError(f"the RoPE tile takes (H + 2K) E = {(num_heads + 2 * num_kv_heads) * E}"
+                         f" rows of an even width, heads a multiple of 16; got {tuple(w.shape)}, "
+                         f"E = {E}")
+    tc_qkv_rope_kernel[grid_for(tc_work_items(R, O, I, tile_counts(R, O, I, 1)[2])), THREADS,
+                       stream](x, x_rows, norm_w, eps, w, bias, qkv, positions, seq_rows,
+                               block_tables, cos, sin, kv_pool, layer, num_heads, num_kv_heads)
 
 
 def require_tc_operands(x_rows, w, out) -> None:

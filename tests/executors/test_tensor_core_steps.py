@@ -1,7 +1,7 @@
 """Batched steps on tensor cores inside an executor: with float16 weights, a prefill and decode
-steps of three sequences take ``matmul_tc_decode``'s qkv+RoPE kernel, its gate/up+SwiGLU or
-(more than 32 tokens) ``matmul_tc``'s tile with SwiGLU in its epilogue, and the tile for the
-other layers (``linear.linear_path``). Their logits match the NumPy
+steps of three sequences take ``matmul_tc_decode``'s qkv+RoPE kernel (``matmul_tc``'s tile with
+RoPE in its epilogue beyond 128 tokens), its gate/up+SwiGLU or (more than 32 tokens) the tile
+with SwiGLU in its epilogue, and the tile for the other layers (``linear.linear_path``). Their logits match the NumPy
 reference's on the same fp16 weights within fp16 tolerance (the activations are rounded to fp16
 on the way into the tensor cores). Simulator here; eager and graph on a GPU through
 tools/run_gpu_tests.sh."""
@@ -17,7 +17,8 @@ from blink_edu.config import EngineConfig, ModelConfig, SamplingParams
 from blink_edu.executors.forward_ops import ROPE_KV, SWIGLU, fused_into_linear
 from blink_edu.executors.kernel_executor import EagerExecutor, GraphExecutor
 from blink_edu.kernels.attention_tc import tc_attention_tiles
-from blink_edu.kernels.linear import TC_SWIGLU_HOST_MAX_ROWS, linear_path
+from blink_edu.kernels.linear import TC_DECODE_MAX_ROWS, TC_SWIGLU_HOST_MAX_ROWS, linear_path
+from blink_edu.kernels.matmul_tc import takes_qkv_rope
 from blink_edu.executors.step import pack_step
 from blink_edu.kv.block_manager import BlockManager
 from blink_edu.kv.pool import allocate_kv_pool
@@ -85,6 +86,23 @@ def test_fp16_steps_on_tensor_cores_match_the_reference_logits(rng, executor_cls
         assert linear_path(T, executor.layers[0].w_o) == "tc_tile"  # the plain layers
         assert fused_into_linear(ROPE_KV, T, executor.tensor_cores)  # in matmul_tc_decode's qkv
         assert fused_into_linear(SWIGLU, T, executor.tensor_cores)
+        assert err < FP16_TOL, (step, err)
+
+
+@pytest.mark.parametrize("executor_cls", EXECUTORS)
+def test_a_long_fp16_prefill_rotates_on_the_qkv_tile(rng, executor_cls):
+    """A prefill of more than TC_DECODE_MAX_ROWS tokens: its qkv projection on ``matmul_tc``'s
+    tile with RoPE and the KV write in the epilogue (no RoPE launch), then a decode step."""
+    cfg = ModelConfig.from_dict(dict(  # head_dim 16: one group of 16 columns a head
+        model_type="llama", vocab_size=64, hidden_size=32, intermediate_size=24, num_hidden_layers=1,
+        num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=64))
+    engine_cfg = EngineConfig(block_size=8, num_kv_blocks=24, max_num_seqs=4,
+                              max_num_batched_tokens=160, max_model_len=64)
+    for step, (executor, batch, err) in enumerate(steps_against_the_reference(
+            rng, cfg, engine_cfg, executor_cls, (60, 50, 30), 2)):
+        assert (batch.num_tokens > TC_DECODE_MAX_ROWS) == (step == 0)
+        assert takes_qkv_rope(executor.layers[0].w_qkv, cfg.head_dim)
+        assert fused_into_linear(ROPE_KV, batch.num_tokens, executor.tensor_cores)
         assert err < FP16_TOL, (step, err)
 
 

@@ -8,8 +8,8 @@ import pytest
 
 from blink_edu.kernels import matmul_tc
 from blink_edu.kernels.matmul_tc import (
-    BK, BM, BN, MIN_STEPS_PER_SPLIT, SWIGLU_GROUP, WM, WN, launch_tc_linear, launch_tc_swiglu,
-    mma_m16n8k16, pack_half2, require_tc_operands, swiglu_columns, tc_matmul_kernel,
+    BK, BM, BN, MIN_STEPS_PER_SPLIT, SWIGLU_GROUP, WM, WN, launch_tc_linear, launch_tc_qkv_rope,
+    launch_tc_swiglu, mma_m16n8k16, pack_half2, require_tc_operands, swiglu_columns, tc_matmul_kernel,
     tc_steps_per_split, tc_work_items, tile_geometry)
 from blink_edu.kernels.reduce import THREADS, cuda
 
@@ -272,3 +272,47 @@ def test_the_swiglu_tile_at_the_135m_shape_on_the_gpu(rng, R, fused):
     """The real ``mma.sync`` with SwiGLU in the epilogue, the 135M gate/up (2 x 1536, 576)."""
     got, expected = run_swiglu_case(rng, R, 576, 1536, fused)
     assert rel_err(got, expected) < FP16_TOL
+
+
+# RoPE and the KV write in the tile's epilogue: 1 to 4 query heads a KV head, heads of 16 and 32
+# (one and two column groups of 16 a head), more tokens than a row tile (12 sequences of 1 to 3)
+@pytest.mark.parametrize("heads,kv_heads,head_dim,norm_bias,n_seqs", [
+    (2, 2, 16, True, 5), (4, 1, 16, False, 12), (6, 2, 32, True, 12), (3, 1, 32, False, 3)])
+def test_the_qkv_rope_tile_matches_the_reference(rng, heads, kv_heads, head_dim, norm_bias,
+                                                 n_seqs):
+    from test_fused_gemv import check_qkv_with_rope
+
+    def launch(T, heads, E, args):
+        launch_tc_qkv_rope(*args)
+
+    D = int(rng.integers(3, 7)) * 8 + 2  # even, not a multiple of 8: the narrow loads
+    check_qkv_with_rope(rng, launch, heads, kv_heads, head_dim, np.float16, FP16_TOL, norm_bias,
+                        n_seqs, D)
+
+
+def test_the_rope_columns_pair_each_element_with_its_partner():
+    """Column c of the RoPE tile reads row ``rope_row(c)`` of w_qkv: in each group of 16 of a
+    head, 8 pairs' first elements i, then their partners i + E/2; every row exactly once."""
+    E, heads = 32, 3
+    rows = [matmul_tc.rope_row.py_func(c, E) for c in range(heads * E)]
+    assert rows[:16] == list(range(8)) + list(range(16, 24))
+    assert rows[16:32] == list(range(8, 16)) + list(range(24, 32))
+    assert rows[E:E + 8] == list(range(E, E + 8))
+    assert sorted(rows) == list(range(heads * E))
+    with pytest.raises(ValueError, match="multiple of 16"):
+        launch_tc_qkv_rope(None, dev(np.arange(2, dtype=np.int32)), None, None,
+                           dev(np.zeros((3 * 24, 16), np.float16)), *[None] * 7,
+                           dev(np.zeros((1, 1, 2, 4, 1, 24), np.float32)), 0, 1, 1)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("n_seqs", [30, 100])
+def test_the_qkv_rope_tile_at_the_135m_shape_on_the_gpu(rng, n_seqs):
+    """The real ``mma.sync`` with RoPE and the KV write in the epilogue: 9 query and 3 KV heads
+    of 64 over hidden 576, ~60 and ~200 tokens of 1 to 3 a sequence."""
+    from test_fused_gemv import check_qkv_with_rope
+
+    def launch(T, heads, E, args):
+        launch_tc_qkv_rope(*args)
+
+    check_qkv_with_rope(rng, launch, 9, 3, 64, np.float16, FP16_TOL, True, n_seqs, 576)
