@@ -12,6 +12,7 @@
 #   bash tools/gpu_session.sh profile    # Nsight Compute on layer 0 of a b1 step, a b64 step, a prefill
 #   BLINK_EDU_COMMIT=<sha> bash tools/gpu_session.sh attention  # the prompt attention tile, compared
 #   BLINK_EDU_COMMIT=<sha> bash tools/gpu_session.sh tile       # the tensor-core tile: variants, stalls
+#   BLINK_EDU_COMMIT=<sha> bash tools/gpu_session.sh quick      # TPOT b1 / b64 and prefill, graph only
 # The server's packages (fastapi, starlette, uvicorn, pydantic and their needs) are not on the GPU
 # machine: fetch them here as cp312 wheels into .whl/ (git-ignored) and carry .whl with the call:
 #   python3 -m pip download --no-deps --only-binary=:all: --python-version 3.12 \
@@ -90,5 +91,10 @@ timeout 120 $NCU -k regex:tc_matmul_kernel --launch-skip 2 --launch-count 1 \
 grep -E "Duration|Registers Per|Achieved Occ|Warp Cycles Per Issued|stalled" "$OUT/ncu_tile_r512.txt" \
   | sort -k3 -g -r | head -12
 ;;
-*) echo "usage: $0 tests|kernels|decode|serving|attention|profile|tile" >&2; exit 2 ;;
+quick)  # after a kernel change: the 135M shape's TPOT at batch 1 and 64 and its 512-token prefill,
+        # the graph executor only (the eager one's launch-bound steps took most of a 170-s run)
+timeout 200 python3 -m blink_edu.bench.decode --batches 1,64 --steps 16 --models 135m --skip-hf \
+  --peers '' --executors graph --out "$OUT" 2>&1 | grep -E '"(tpot_us_135m_b|prefill_ms_135m)'
+;;
+*) echo "usage: $0 tests|kernels|decode|serving|attention|profile|tile|quick" >&2; exit 2 ;;
 esac

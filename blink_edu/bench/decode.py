@@ -341,6 +341,17 @@ def time_hf_compiled_in_child(folder, batches, prompt_len, steps, vocab, timeout
     return rows
 
 
+def executor_classes(names: str) -> list:
+    """Our executors to time, from ``--executors`` ("eager,graph"): a measurement that only
+    needs the graph executor's figures skips the eager one's launch-bound minutes."""
+    known = {"eager": EagerExecutor, "graph": GraphExecutor}
+    wanted = [n.strip() for n in names.split(",") if n.strip()]
+    unknown = sorted(set(wanted) - set(known))
+    if unknown or not wanted:
+        raise ValueError(f"--executors takes eager and/or graph, got {names!r}")
+    return [cls for name, cls in known.items() if name in wanted]
+
+
 def bench_model(label: str, weights: ModelWeights, hf_folder: Path | None, args, rng) -> dict:
     cfg = weights.config
     batches = [int(b) for b in args.batches.split(",")]
@@ -354,7 +365,7 @@ def bench_model(label: str, weights: ModelWeights, hf_folder: Path | None, args,
                                             args.prefill_tokens + 8))
     print(f"{label}: {cfg.num_parameters() / 1e6:.1f} M parameters, fp16 weights", flush=True)
     rows = []
-    for cls in (EagerExecutor, GraphExecutor):
+    for cls in executor_classes(args.executors):
         executor = cls(weights, engine, weight_dtype=np.float16)
         rows += time_executor(executor, batches, args.prompt_len, args.steps, cfg.vocab_size, rng)
         if cls is EagerExecutor:
@@ -369,7 +380,8 @@ def bench_model(label: str, weights: ModelWeights, hf_folder: Path | None, args,
                          "capture_seconds": executor.capture_seconds})
         del executor
     decode_batches = [b for b in batches if b <= FUSED_GEMV_MAX_ROWS]
-    if decode_batches:  # the ladder's previous rung: RoPE and SwiGLU as kernels of their own
+    if decode_batches and GraphExecutor in executor_classes(args.executors):
+        # the ladder's previous rung: RoPE and SwiGLU as kernels of their own
         executor = GraphExecutor(weights, engine, weight_dtype=np.float16, fuse_epilogues=False)
         rows += time_executor(executor, decode_batches, args.prompt_len, args.steps,
                               cfg.vocab_size, rng, label="graph_unfused")
@@ -420,7 +432,13 @@ def main(argv=None) -> int:
                         help="torch.compile mode of the compiled peer (one without its own CUDA graphs)")
     parser.add_argument("--prefill-tokens", type=int, default=512,
                         help="prompt length of the prefill timing (batch 1): ours and the peers'")
+    parser.add_argument("--executors", default="eager,graph",
+                        help="our executors to time: eager (with its per-op breakdown) and/or graph")
     args = parser.parse_args(argv)
+    try:
+        executor_classes(args.executors)
+    except ValueError as err:
+        parser.error(str(err))
     rng = np.random.default_rng(0)
     bandwidth = hbm_copy_bandwidth()
     print(f"HBM copy bandwidth: {bandwidth / 1e12:.2f} TB/s", flush=True)

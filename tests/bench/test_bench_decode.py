@@ -47,3 +47,14 @@ def test_a_run_cut_short_still_leaves_its_measurements_in_decode_json(tmp_path):
     assert written["summary"]["ours_over_torch_compiled_bundled_b1"] == pytest.approx(270 / 250)
     assert written["summary"]["prefill_ms_bundled_512"] == pytest.approx(1.6)
     assert written["raw"]["bundled"]["rows"] == rows
+
+
+def test_the_executors_to_time_are_checked():
+    from blink_edu.bench.decode import executor_classes
+    from blink_edu.executors.kernel_executor import EagerExecutor, GraphExecutor
+
+    assert executor_classes("eager,graph") == [EagerExecutor, GraphExecutor]
+    assert executor_classes(" graph ") == [GraphExecutor]
+    for bad in ("", "graph,persistent"):
+        with pytest.raises(ValueError, match="eager and/or graph"):
+            executor_classes(bad)
