@@ -72,14 +72,18 @@ def _gpu_loads():
         "{ .reg .f16 lo, hi; mov.b32 {lo, hi}, $2; cvt.f32.f16 $0, lo; cvt.f32.f16 $1, hi; }",
         "=f,=f,r")
 
-    def quads_at(context, builder, aryty, ary_value, index_values, index_types):
-        """LLVM IR: the address of a[index], as a pointer to 16-byte <4 x i32> words."""
+    def item_pointer(context, builder, aryty, ary_value, index_values, index_types):
+        """LLVM IR: the address of a[index]."""
         ary = context.make_array(aryty)(context, builder, ary_value)
         inds = [context.cast(builder, v, t, types.intp) for v, t in zip(index_values, index_types)]
-        ptr = cgutils.get_item_pointer2(context, builder, data=ary.data,
-                                        shape=cgutils.unpack_tuple(builder, ary.shape),
-                                        strides=cgutils.unpack_tuple(builder, ary.strides),
-                                        layout=aryty.layout, inds=inds)
+        return cgutils.get_item_pointer2(context, builder, data=ary.data,
+                                         shape=cgutils.unpack_tuple(builder, ary.shape),
+                                         strides=cgutils.unpack_tuple(builder, ary.strides),
+                                         layout=aryty.layout, inds=inds)
+
+    def quads_at(context, builder, aryty, ary_value, index_values, index_types):
+        """LLVM IR: the address of a[index], as a pointer to 16-byte <4 x i32> words."""
+        ptr = item_pointer(context, builder, aryty, ary_value, index_values, index_types)
         return builder.bitcast(ptr, quad.as_pointer())
 
     def vector_load(context, builder, aryty, ary_value, index_values, index_types):
@@ -176,14 +180,8 @@ def _gpu_loads():
         sig = types.float32(a, row, col)
 
         def codegen(context, builder, signature, args):
-            aryty = signature.args[0]
-            ary = context.make_array(aryty)(context, builder, args[0])
-            inds = [context.cast(builder, v, t, types.intp)
-                    for v, t in zip(args[1:], signature.args[1:])]
-            ptr = cgutils.get_item_pointer2(context, builder, data=ary.data,
-                                            shape=cgutils.unpack_tuple(builder, ary.shape),
-                                            strides=cgutils.unpack_tuple(builder, ary.strides),
-                                            layout=aryty.layout, inds=inds)
+            ptr = item_pointer(context, builder, signature.args[0], args[0], args[1:],
+                               signature.args[1:])
             return builder.call(load_cg, [ptr])
 
         return sig, codegen
