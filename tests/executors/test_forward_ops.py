@@ -56,12 +56,11 @@ def test_rope_and_swiglu_ride_in_the_projection_at_batch_1_and_on_tensor_cores(t
     assert fused(1) == fused(FUSED_GEMV_MAX_ROWS) == {fo.ROPE_KV, fo.SWIGLU}
     assert fused(FUSED_GEMV_MAX_ROWS + 1) == fused(GEMV_MAX_ROWS) == set()  # the plain GEMV
     # on tensor cores: matmul_tc_decode's epilogues; a host's gate/up of more tokens than
-    # TC_SWIGLU_HOST_MAX_ROWS on the tile with SwiGLU in its epilogue, at any size
+    # TC_SWIGLU_HOST_MAX_ROWS, and its qkv of more than TC_DECODE_MAX_ROWS (a prompt chunk), on
+    # the tile with SwiGLU or RoPE in its epilogue: at any size
     for T in (GEMV_MAX_ROWS + 1, TC_SWIGLU_HOST_MAX_ROWS, TC_SWIGLU_HOST_MAX_ROWS + 1, 64,
-              TC_DECODE_MAX_ROWS):
+              TC_DECODE_MAX_ROWS, TC_DECODE_MAX_ROWS + 1, 512):
         assert fused(T) == ({fo.ROPE_KV, fo.SWIGLU} if tensor_cores else set())
-    for T in (TC_DECODE_MAX_ROWS + 1, 512):  # a prompt chunk: RoPE a kernel of its own
-        assert fused(T) == ({fo.SWIGLU} if tensor_cores else set())
 
 
 def test_linear_path_is_chosen_from_the_rows_and_the_weights():
