@@ -42,11 +42,10 @@ Fusions save whole kernels and round trips through memory:
   rotation pair), or rows ``j`` and ``F + j`` of gate/up — so it rotates q and k and writes k
   and v to the paged pool, or applies SwiGLU, itself. Two launches (or grid barriers) a layer
   fewer (``executors/forward_ops.py`` skips the RoPE and SwiGLU ops then: ``fuses_next_op``;
-  a host's gate/up of more than ``TC_SWIGLU_HOST_MAX_ROWS`` tokens takes ``matmul_tc``'s tile,
-  whose SwiGLU epilogue pairs the columns another way).
-  A GEMV of 2 tokens keeps them apart (``FUSED_GEMV_MAX_ROWS``: measured, a fused warp's
-  two rows cost more than the launch they save once there are several tokens), and so does
-  the shared-memory tile, whose outputs are not paired.
+  a host's gate/up of more than ``TC_SWIGLU_HOST_MAX_ROWS`` tokens, and its qkv of more than
+  ``TC_DECODE_MAX_ROWS``, take ``matmul_tc``'s tile, which pairs its columns by relabelling
+  them). A GEMV of 2 tokens keeps them apart (``FUSED_GEMV_MAX_ROWS``: measured, a fused
+  warp's two rows cost more than the launch they save once there are several tokens).
 
 Accumulation is float32 whatever the weights' dtype (float32 or float16).
 """
@@ -81,7 +80,8 @@ GEMV_MAX_ROWS = 2
 # the unfused one (the 135M shape) or 3% faster (the bundled model), and at batch 8 15-20% slower.
 FUSED_GEMV_MAX_ROWS = 1
 # Batched steps of up to this many tokens take matmul_tc_decode's kernels (with float16 weights);
-# more take matmul_tc's shared-memory tile in the eager and graph executors.
+# more take matmul_tc's shared-memory tile in the eager and graph executors (qkv with RoPE in the
+# tile's epilogue: not yet timed against matmul_tc_decode's at this boundary).
 TC_DECODE_MAX_ROWS = 128
 # ... but a host-launched gate/up (eager, graph) of more tokens than this takes the tensor-core
 # tile with SwiGLU in its epilogue (``matmul_tc.launch_tc_swiglu``). Measured on the H200 with the

@@ -131,7 +131,7 @@ A_FRAG = (MI, 4)  # a0..a3 for each of the MI row tiles
 B_FRAG = (NI, 2)  # b0, b1 for each of the NI column tiles
 QUAD = 4  # 32-bit words one 16-byte load brings: 4 fp32 activations, or 4 fp16 weight pairs
 SWIGLU_GROUP = 8  # gate/up with SwiGLU: columns alternate, 8 of the gate, the same 8 of the up
-ROPE_GROUP = 8  # qkv with RoPE: a head's columns alternate, 8 pairs' first halves, their partners
+ROPE_GROUP = SWIGLU_GROUP  # qkv with RoPE: 8 pairs' first elements, then their 8 partners
 # What the tile does with its sums — and so which weight row each of its columns reads
 # (``column_row``): add them to ``out``, apply SwiGLU, or rotate and place q, k and v.
 EPILOGUE_ADD, EPILOGUE_SWIGLU, EPILOGUE_ROPE = 0, 1, 2
