@@ -281,7 +281,8 @@ class PersistentExecutor:
                     scans=int(c[pk.C_SCANS]), running=int(c[pk.C_RUNNING]),
                     free_blocks=int(c[pk.C_FREE_BLOCKS]), schedule_ns=int(c[pk.C_SCHEDULE_NS]),
                     forward_ns=int(c[pk.C_FORWARD_NS]), publish_ns=int(c[pk.C_PUBLISH_NS]),
-                    relaunches=int(c[pk.C_RELAUNCHES]), dispatch_error=int(c[pk.C_DISPATCH_ERROR]))
+                    relaunches=int(c[pk.C_RELAUNCHES]), dispatch_error=int(c[pk.C_DISPATCH_ERROR]),
+                    preemptions=int(c[pk.C_PREEMPTIONS]))
 
     def _destroy_graphs(self) -> None:
         if self._graphs is not None:

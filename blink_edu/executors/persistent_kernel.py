@@ -14,9 +14,11 @@ The kernel is launched once and loops until the host raises a stop flag. One ite
        every block   scan      only if the doorbell moved: look at every slot's state word
                                (grid-strided: each thread reads a few), note PREFILL_PENDING ones
        ---- grid barrier (only after a scan) ----
-    B  block 0       schedule  claim pending slots in arrival order (FCFS) while a lane and KV
-                               blocks are free; plan this step: decodes first, then prompt chunks
-                               within the token budget (a thread per lane, a block-wide scan)
+    B  block 0       schedule  claim pending slots in arrival order (FCFS) while a lane and the
+                               KV blocks of a first chunk are free; plan this step: decodes
+                               first, then prompt chunks within the token budget, each taking
+                               the blocks its tokens need, preempting by recompute when the
+                               pool runs out (a thread per lane, a block-wide scan)
        ---- grid barrier ----
     C  every block   forward   the model over the step's flat batch, then sampling: the op list of
                                ``forward_ops.py``, the device functions the eager and graph
@@ -45,10 +47,18 @@ then reads no ring field but the prompt), reads the host's words once per step a
 skips the scan and its barrier while the doorbell is quiet, and plans the step with a thread per
 lane (``bench.persistent`` reports the time of each phase).
 
-**KV blocks** come from a stack of free block ids (``free_blocks``, ``free_top``). Admission
-reserves every block a request can need (prompt + max_tokens - 1 tokens), so a running request
-never runs out and no preemption is needed on this path (DECODE_PAUSED rotation belongs to
-the host-driven path); requests that do not fit wait in the ring, PREFILL_PENDING, in order.
+**KV blocks** come from a stack of free block ids (``free_blocks``, ``free_top``), *on demand*:
+a lane takes the block a token needs when the step that writes it is planned (SuperInfer §2: a
+reservation made at admission for every token a request *may* generate leaves most of the pool
+idle). Admission only asks that the first prompt chunk fit; a request that could never fit the
+whole pool fails at once. When a decode needs a block and the stack is empty, the host
+scheduler's FCFS rules apply (``engine/scheduler.py``): decodes are served oldest admission
+first, and the **most recently admitted** lane that holds blocks is **preempted by recompute** —
+its blocks go back to the stack and it keeps its lane, its tokens, its seed and its counter: its
+prompt becomes everything it knew (prompt + generated tokens, read back from the ring's arenas)
+and it refills its cache later, sampling exactly what it would have. A step that preempted starts
+no new prompt. Rotation to host memory instead of recompute (DECODE_PAUSED) is still the
+host-driven path's.
 
 **Claiming.** Only one thread (block 0, thread 0) ever moves a slot out of PREFILL_PENDING, and no
 other agent may: the state machine gives PENDING slots to the engine alone. A compare-and-swap
@@ -113,23 +123,29 @@ class SchedulerState(NamedTuple):
     candidates: object  # (MAX_CANDIDATES,) i32 PENDING slots the last scan noted
 
 # lanes[s, field]
+# L_LEN: tokens known (prompt + generated); L_PROMPT: tokens to prefill before decoding (the
+# ring's prompt, or after a preemption by recompute everything known); L_RING_PROMPT: the ring's
+# prompt length (token j of the lane is prompt_tokens[slot, j] below it, output_tokens above).
 (L_SLOT, L_CACHED, L_LEN, L_PROMPT, L_ORDER, L_GEN, L_SCHED, L_SAMPLE_ROW, L_SEED, L_START,
- L_LAST_TOKEN, L_MAX_TOKENS, L_IGNORE_EOS, L_TOP_K) = range(14)
-NUM_LANE_FIELDS = 14
+ L_LAST_TOKEN, L_MAX_TOKENS, L_IGNORE_EOS, L_TOP_K, L_RING_PROMPT) = range(15)
+NUM_LANE_FIELDS = 15
 assert L_SLOT == LANE_SLOT  # forward_ops reads a lane's slot without importing this module
 # sched[word]: the kernel's own bookkeeping, in device memory
 (S_STOP, S_TOKENS, S_ROWS, S_DOORBELL_SEEN, S_DOORBELL_NOW, S_ADMITTED, S_CANDIDATES,
  S_SCAN_START, S_STEPS, S_SCAN_NS, S_SCANS, S_IDLE, S_CLOCK_OFFSET, S_STEP_START,
- S_FORWARD_START, S_BEATS, S_CLAIMED, S_SCHEDULE_NS, S_FORWARD_NS, S_PUBLISH_NS) = range(20)
-NUM_SCHED_WORDS = 20
+ S_FORWARD_START, S_BEATS, S_CLAIMED, S_SCHEDULE_NS, S_FORWARD_NS, S_PUBLISH_NS,
+ S_PREEMPTIONS) = range(21)
+NUM_SCHED_WORDS = 21
 # control[word]: shared with the host (mapped memory); the kernel only writes them, except the
 # stop flag. The *_NS words are cumulative GPU time of the phases of every step that ran the
-# model: A+B (reads, scan, schedule and their barriers), C (forward), D (publish). The last two
-# are the device-graph dispatcher's (graph_dispatch.py): its tail self-relaunches, and the CUDA
-# error of a device-side launch that failed (the kernel then ends).
+# model: A+B (reads, scan, schedule and their barriers), C (forward), D (publish).
+# C_RELAUNCHES and C_DISPATCH_ERROR are the device-graph dispatcher's (graph_dispatch.py): its
+# tail self-relaunches, and the CUDA error of a device-side launch that failed (the kernel then
+# ends). C_PREEMPTIONS: lanes preempted by recompute so far.
 (C_STOP, C_STEPS, C_SCAN_NS, C_SCANS, C_CLAIMED, C_RUNNING, C_FREE_BLOCKS,
- C_SCHEDULE_NS, C_FORWARD_NS, C_PUBLISH_NS, C_RELAUNCHES, C_DISPATCH_ERROR) = range(12)
-NUM_CONTROL_WORDS = 12
+ C_SCHEDULE_NS, C_FORWARD_NS, C_PUBLISH_NS, C_RELAUNCHES, C_DISPATCH_ERROR,
+ C_PREEMPTIONS) = range(13)
+NUM_CONTROL_WORDS = 13
 CANDIDATES_SHAPE = (MAX_CANDIDATES,)
 IDLE_SLEEP_NS = 2000
 
@@ -151,10 +167,10 @@ def scan_ring(state, sched, candidates, thread, n_threads):
                 candidates[k] = slot
 
 
-# --- B: schedule (block 0) ----------------------------------------------------------------------
+# --- KV blocks, on demand -----------------------------------------------------------------------
 @cuda.jit(device=True)
-def free_lane(lane, lanes, block_tables, free_blocks, free_top):
-    """Give a lane's KV blocks back to the free stack and empty the lane."""
+def release_blocks(lane, block_tables, free_blocks, free_top):
+    """Give a lane's KV blocks back to the free stack (a lane's blocks are a prefix of its row)."""
     n = 0
     while n < block_tables.shape[1] and block_tables[lane, n] >= 0:
         n += 1
@@ -162,7 +178,84 @@ def free_lane(lane, lanes, block_tables, free_blocks, free_top):
     for j in range(n):
         free_blocks[base + j] = block_tables[lane, j]
         block_tables[lane, j] = -1
+
+
+@cuda.jit(device=True)
+def free_lane(lane, lanes, block_tables, free_blocks, free_top):
+    """Give a lane's KV blocks back to the free stack and empty the lane."""
+    release_blocks(lane, block_tables, free_blocks, free_top)
     lanes[lane, L_SLOT] = -1
+
+
+@cuda.jit(device=True)
+def blocks_missing(lane, n, lanes, block_tables, block_size):
+    """Blocks ``lane`` must take before it writes its next ``n`` tokens (positions L_CACHED on)."""
+    cached = lanes[lane, L_CACHED]
+    missing = 0
+    for j in range(cached // block_size, (cached + n - 1) // block_size + 1):
+        if block_tables[lane, j] < 0:
+            missing += 1
+    return missing
+
+
+@cuda.jit(device=True)
+def take_blocks(lane, n, lanes, block_tables, free_blocks, free_top, block_size):
+    """Pop the blocks ``lane``'s next ``n`` tokens need off the free stack (the caller made sure
+    it holds them; a thread per lane may pop at once)."""
+    cached = lanes[lane, L_CACHED]
+    for j in range(cached // block_size, (cached + n - 1) // block_size + 1):
+        if block_tables[lane, j] < 0:
+            top = cuda.atomic.sub(free_top, 0, int32(1))
+            block_tables[lane, j] = free_blocks[top - 1]
+
+
+@cuda.jit(device=True)
+def newest_holding_blocks(lanes, block_tables):
+    """The most recently admitted lane that holds KV blocks (-1: none)."""
+    newest = -1
+    for s in range(lanes.shape[0]):
+        if (lanes[s, L_SLOT] >= 0 and block_tables[s, 0] >= 0
+                and (newest < 0 or lanes[s, L_ORDER] > lanes[newest, L_ORDER])):
+            newest = s
+    return newest
+
+
+@cuda.jit(device=True)
+def preempt_by_recompute(lane, lanes, block_tables, free_blocks, free_top, sched):
+    """Thread 0: drop ``lane``'s K/V. It keeps its lane, its tokens, its seed and its counter,
+    and prefills everything it knows again later (engine/scheduler.py's twin)."""
+    release_blocks(lane, block_tables, free_blocks, free_top)
+    lanes[lane, L_CACHED] = 0
+    lanes[lane, L_PROMPT] = lanes[lane, L_LEN]
+    lanes[lane, L_SCHED] = 0
+    sched[S_PREEMPTIONS] += 1
+
+
+@cuda.jit(device=True)
+def grow_decodes_oldest_first(lanes, block_tables, free_blocks, free_top, sched, block_size,
+                              counts):
+    """Thread 0, when the free stack cannot give every decode the block it needs: oldest
+    admission first, each decode takes its block; while the stack is empty the newest lane that
+    holds blocks is preempted (maybe the asker itself, which then runs nothing this step).
+    ``counts[0]`` (decodes this step) loses the decodes preempted; ``counts[2]`` becomes 1."""
+    while True:
+        asker = -1
+        for s in range(lanes.shape[0]):
+            if (lanes[s, L_SCHED] == 1 and blocks_missing(s, 1, lanes, block_tables, block_size) > 0
+                    and (asker < 0 or lanes[s, L_ORDER] < lanes[asker, L_ORDER])):
+                asker = s
+        if asker < 0:
+            return
+        while free_top[0] == 0 and lanes[asker, L_SCHED] == 1:
+            victim = newest_holding_blocks(lanes, block_tables)  # the asker holds some
+            counts[0] -= lanes[victim, L_SCHED]  # a decode of this step, or a prompt lane
+            preempt_by_recompute(victim, lanes, block_tables, free_blocks, free_top, sched)
+            counts[2] = 1
+        if lanes[asker, L_SCHED] == 1:
+            take_blocks(asker, 1, lanes, block_tables, free_blocks, free_top, block_size)
+
+
+# --- B: schedule (block 0) ----------------------------------------------------------------------
 
 
 @cuda.jit(device=True)
@@ -186,9 +279,10 @@ def admit_candidates(state, arrival_ns, claim_ns, prompt_len, max_tokens, seed, 
                      top_p, top_k, stop_ids, ignore_eos, prompt_tokens, finish_reason, lanes,
                      lane_sampling, lane_stop_ids, block_tables, free_blocks, free_top, sched,
                      control, candidates, vocab_size, output_tokens_width, max_model_len,
-                     block_size, ring_in_device_memory):
-    """Claim noted slots oldest first while a lane and their KV blocks are free (thread 0 decides;
-    the block checks each prompt's token ids in parallel). False if one had to wait."""
+                     block_size, budget, ring_in_device_memory):
+    """Claim noted slots oldest first while a lane and the KV blocks of their first prompt chunk
+    are free (thread 0 decides; the block checks each prompt's token ids in parallel). False if
+    one had to wait."""
     tid = cuda.threadIdx.x
     verdict = cuda.shared.array(1, int32)  # ADMIT, ERROR, WAIT (no room) or SKIP (not pending)
     n_cand = min(sched[S_CANDIDATES], MAX_CANDIDATES)
@@ -200,7 +294,8 @@ def admit_candidates(state, arrival_ns, claim_ns, prompt_len, max_tokens, seed, 
             if load_acquire(state, slot) != PREFILL_PENDING:
                 verdict[0] = SKIP
             elif request_error(slot, prompt_len, max_tokens, temperature, top_p, top_k,
-                               prompt_tokens.shape[1], output_tokens_width, max_model_len):
+                               prompt_tokens.shape[1], output_tokens_width, max_model_len,
+                               free_blocks.shape[0], block_size):
                 verdict[0] = ERROR
         cuda.syncthreads()
         slot = candidates[k]
@@ -213,8 +308,8 @@ def admit_candidates(state, arrival_ns, claim_ns, prompt_len, max_tokens, seed, 
             verdict[0] = place_request(slot, verdict[0], state, claim_ns, prompt_len, max_tokens,
                                        seed, temperature, top_p, top_k, stop_ids, ignore_eos,
                                        finish_reason, lanes, lane_sampling, lane_stop_ids,
-                                       block_tables, free_blocks, free_top, sched, control,
-                                       block_size, ring_in_device_memory)
+                                       free_top, sched, control, block_size, budget,
+                                       ring_in_device_memory)
         cuda.syncthreads()
         if verdict[0] == WAIT:
             return False  # FCFS: nobody overtakes the oldest request that does not fit
@@ -236,11 +331,13 @@ def oldest_first(candidates, k, n, arrival_ns):
 
 @cuda.jit(device=True)
 def request_error(slot, prompt_len, max_tokens, temperature, top_p, top_k, max_prompt,
-                  max_output, max_model_len):
+                  max_output, max_model_len, num_blocks, block_size):
     """True if the slot's scalar fields are out of range (the frontend is not trusted: a bad
-    size must not overrun an arena)."""
+    size must not overrun an arena), or if the request would not fit the whole KV pool alone
+    (it would wait forever: the last sampled token needs no K/V)."""
     n, m = prompt_len[slot], max_tokens[slot]
     return (n < 1 or n > max_prompt or m < 1 or m > max_output or n + m > max_model_len
+            or (n + m - 1 + block_size - 1) // block_size > num_blocks
             or not temperature[slot] >= 0 or not (0 < top_p[slot] <= 1) or top_k[slot] < 0)
 
 
@@ -258,17 +355,18 @@ def claim_slot(state, slot, ring_in_device_memory):
 @cuda.jit(device=True)
 def place_request(slot, verdict, state, claim_ns, prompt_len, max_tokens, seed, temperature,
                   top_p, top_k, stop_ids, ignore_eos, finish_reason, lanes, lane_sampling,
-                  lane_stop_ids, block_tables, free_blocks, free_top, sched, control, block_size,
+                  lane_stop_ids, free_top, sched, control, block_size, budget,
                   ring_in_device_memory):
-    """Thread 0: claim ``slot`` and give it a lane and its blocks. Returns the final verdict."""
+    """Thread 0: claim ``slot`` and give it a lane (its blocks come as its tokens need them:
+    ``plan_step``). Returns the final verdict."""
     lane = -1
     for s in range(lanes.shape[0]):
         if lanes[s, L_SLOT] < 0:
             lane = s
             break
-    n, m = prompt_len[slot], max_tokens[slot]
-    need = (n + m - 1 + block_size - 1) // block_size  # the last sampled token needs no K/V
-    if verdict == ADMIT and (lane < 0 or need > free_top[0] or need > block_tables.shape[1]):
+    n = prompt_len[slot]
+    first_chunk = (min(n, budget) + block_size - 1) // block_size  # blocks it takes first
+    if verdict == ADMIT and (lane < 0 or first_chunk > free_top[0]):
         return WAIT
     if not claim_slot(state, slot, ring_in_device_memory):
         return SKIP
@@ -278,13 +376,11 @@ def place_request(slot, verdict, state, claim_ns, prompt_len, max_tokens, seed, 
     if verdict == ERROR:
         complete_slot(slot, FINISH_ERROR, state, finish_reason)
         return ERROR
-    for j in range(need):
-        free_top[0] -= 1
-        block_tables[lane, j] = free_blocks[free_top[0]]
     lanes[lane, L_SLOT] = slot
     lanes[lane, L_CACHED] = 0
     lanes[lane, L_LEN] = n
     lanes[lane, L_PROMPT] = n
+    lanes[lane, L_RING_PROMPT] = n
     lanes[lane, L_GEN] = 0
     lanes[lane, L_ORDER] = sched[S_ADMITTED]
     lanes[lane, L_SEED] = seed_of(seed[slot], slot)
@@ -310,18 +406,23 @@ def copy_request_to_lane(slot, lane, lanes, lane_sampling, lane_stop_ids, temper
 
 
 @cuda.jit(device=True)
-def plan_step(lanes, sched, budget):
+def plan_step(lanes, block_tables, free_blocks, free_top, sched, budget, block_size):
     """Block 0: how many tokens each lane runs this step (lanes[:, L_SCHED]), where they go in the
-    flat batch (L_START) and which lanes sample (L_SAMPLE_ROW): decodes first (a thread per lane;
-    the executor makes sure S <= budget), then prompt chunks oldest first (thread 0), then places
-    and rows in lane order (a block-wide scan). Returns whether any lane has prompt left."""
+    flat batch (L_START) and which lanes sample (L_SAMPLE_ROW), each lane taking the KV blocks
+    its tokens need: decodes first (a thread per lane; the executor makes sure S <= budget; when
+    the pool runs short, thread 0 preempts: ``grow_decodes_oldest_first``), then prompt chunks
+    oldest first (thread 0), then places and rows in lane order (a block-wide scan). Returns
+    whether any lane has prompt left."""
     tid = cuda.threadIdx.x
     S = lanes.shape[0]
-    counts = cuda.shared.array(2, int32)  # decoding lanes, lanes with prompt tokens left
+    # decoding lanes, lanes with prompt tokens left, blocks the decodes lack (then: whether
+    # this step preempted), whether the stack holds every block the decodes lack
+    counts = cuda.shared.array(4, int32)
     scratch = cuda.shared.array(THREADS, int32)
     if tid == 0:
         counts[0] = 0
         counts[1] = 0
+        counts[2] = 0
     cuda.syncthreads()
     for s in range(tid, S, THREADS):
         lanes[s, L_SCHED] = 0
@@ -330,12 +431,27 @@ def plan_step(lanes, sched, budget):
             if lanes[s, L_CACHED] >= lanes[s, L_PROMPT]:
                 lanes[s, L_SCHED] = 1  # decoding: one token, always caught up afterwards
                 cuda.atomic.add(counts, 0, 1)
+                cuda.atomic.add(counts, 2,
+                                int32(blocks_missing(s, 1, lanes, block_tables, block_size)))
             else:
                 cuda.atomic.add(counts, 1, 1)
     cuda.syncthreads()
+    if tid == 0:
+        counts[3] = counts[2] <= free_top[0]
+        counts[2] = 0  # from here: whether this step preempted
+    cuda.syncthreads()
+    if counts[3]:  # the usual case: every decode takes the block it lacks, in parallel
+        for s in range(tid, S, THREADS):
+            if lanes[s, L_SCHED] == 1:
+                take_blocks(s, 1, lanes, block_tables, free_blocks, free_top, block_size)
+    elif tid == 0:
+        grow_decodes_oldest_first(lanes, block_tables, free_blocks, free_top, sched, block_size,
+                                  counts)
+    cuda.syncthreads()
     prompts_left = counts[1] > 0
     if tid == 0 and prompts_left:
-        schedule_prompt_chunks(lanes, counts[0], budget)
+        schedule_prompt_chunks(lanes, counts[0], budget, counts[2] == 0, block_tables,
+                               free_blocks, free_top, block_size)
     cuda.syncthreads()
     n_tokens = int64(0)
     n_rows = int64(0)
@@ -359,29 +475,40 @@ def plan_step(lanes, sched, budget):
 
 
 @cuda.jit(device=True)
-def schedule_prompt_chunks(lanes, n_tokens, budget):
-    """Thread 0: prompt chunks into what the decodes left of the budget, oldest admission first."""
+def schedule_prompt_chunks(lanes, n_tokens, budget, start_new, block_tables, free_blocks,
+                           free_top, block_size):
+    """Thread 0: prompt chunks into what the decodes left of the budget, oldest admission first,
+    each taking its KV blocks, up to the first chunk the free stack cannot hold (FCFS: nobody
+    overtakes it). Unless ``start_new``, only prompts already part-way continue (a step that
+    preempted starts none: the host scheduler's rule)."""
     S = lanes.shape[0]
     while n_tokens < budget:
         oldest = -1
         for s in range(S):
             if (lanes[s, L_SLOT] >= 0 and lanes[s, L_SCHED] == 0
                     and lanes[s, L_CACHED] < lanes[s, L_PROMPT]
+                    and (start_new or lanes[s, L_CACHED] > 0)
                     and (oldest < 0 or lanes[s, L_ORDER] < lanes[oldest, L_ORDER])):
                 oldest = s
         if oldest < 0:
             break
         chunk = min(lanes[oldest, L_LEN] - lanes[oldest, L_CACHED], budget - n_tokens)
+        if blocks_missing(oldest, chunk, lanes, block_tables, block_size) > free_top[0]:
+            break
+        take_blocks(oldest, chunk, lanes, block_tables, free_blocks, free_top, block_size)
         lanes[oldest, L_SCHED] = chunk
         n_tokens += chunk
 
 
 @cuda.jit(device=True)
-def fill_step(lanes, lane_sampling, prompts_left, prompt_tokens, token_ids, positions, seq_rows,
-              logit_rows, step_temperature, step_top_p, step_top_k, step_seeds, counters, row_lane):
+def fill_step(lanes, lane_sampling, prompts_left, prompt_tokens, output_tokens, token_ids,
+              positions, seq_rows, logit_rows, step_temperature, step_top_p, step_top_k,
+              step_seeds, counters, row_lane):
     """Block 0: write the planned step into the flat-batch arrays. A thread per lane writes its
     decode token (its last one, kept in the lane) and its sample row; then, if prompts are being
-    read, the whole block copies each prompt chunk from the ring (host memory), lane by lane."""
+    read, the whole block copies each prompt chunk from the ring (host memory), lane by lane —
+    from the prompt arena, and past the ring's prompt (a lane refilling its cache after a
+    preemption) from the output arena."""
     tid = cuda.threadIdx.x
     S = lanes.shape[0]
     for s in range(tid, S, THREADS):
@@ -408,10 +535,12 @@ def fill_step(lanes, lane_sampling, prompts_left, prompt_tokens, token_ids, posi
         n, cached = lanes[s, L_SCHED], lanes[s, L_CACHED]
         if n == 0 or cached >= lanes[s, L_PROMPT]:
             continue
-        slot, start = lanes[s, L_SLOT], lanes[s, L_START]
+        slot, start, ring_prompt = lanes[s, L_SLOT], lanes[s, L_START], lanes[s, L_RING_PROMPT]
         for j in range(tid, n, THREADS):
-            token_ids[start + j] = prompt_tokens[slot, cached + j]
-            positions[start + j] = cached + j
+            p = cached + j
+            token_ids[start + j] = (prompt_tokens[slot, p] if p < ring_prompt
+                                    else output_tokens[slot, p - ring_prompt])
+            positions[start + j] = p
             seq_rows[start + j] = s
 
 
@@ -516,16 +645,17 @@ def schedule_step(ring, control, scheduler, step, row_lane, vocab_size, budget, 
                         r.prompt_tokens, r.finish_reason, q.lanes, q.lane_sampling,
                         q.lane_stop_ids, q.block_tables, q.free_blocks, q.free_top, sched,
                         control, q.candidates, vocab_size, r.output_tokens.shape[1],
-                        max_model_len, block_size, ring_in_device_memory):
+                        max_model_len, block_size, budget, ring_in_device_memory):
         if tid == 0 and sched[S_CANDIDATES] <= MAX_CANDIDATES:
             sched[S_DOORBELL_SEEN] = sched[S_DOORBELL_NOW]  # all admitted: no rescan
     cuda.syncthreads()
     if tid == 0:
         sched[S_CANDIDATES] = 0
-    prompts_left = plan_step(q.lanes, sched, budget)
-    fill_step(q.lanes, q.lane_sampling, prompts_left, r.prompt_tokens, b.token_ids, b.positions,
-              b.seq_rows, b.logit_rows, b.step_temperature, b.step_top_p, b.step_top_k,
-              b.step_seeds, b.counters, row_lane)
+    prompts_left = plan_step(q.lanes, q.block_tables, q.free_blocks, q.free_top, sched, budget,
+                             block_size)
+    fill_step(q.lanes, q.lane_sampling, prompts_left, r.prompt_tokens, r.output_tokens,
+              b.token_ids, b.positions, b.seq_rows, b.logit_rows, b.step_temperature,
+              b.step_top_p, b.step_top_k, b.step_seeds, b.counters, row_lane)
 
 
 @cuda.jit(device=True)
@@ -608,4 +738,5 @@ def count_step(sched, control, running, free_blocks, publish_start):
     control[C_SCHEDULE_NS] = sched[S_SCHEDULE_NS]
     control[C_FORWARD_NS] = sched[S_FORWARD_NS]
     control[C_PUBLISH_NS] = sched[S_PUBLISH_NS]
+    control[C_PREEMPTIONS] = sched[S_PREEMPTIONS]
     store_release(control, C_STEPS, sched[S_STEPS])

@@ -42,9 +42,9 @@ DISPATCHERS = ["inline", pytest.param("graph", marks=pytest.mark.gpu)]
 
 
 @contextmanager
-def running(weights, eos=(), dispatch="inline", weight_dtype=np.float32):
+def running(weights, eos=(), dispatch="inline", weight_dtype=np.float32, config=CONFIG):
     ring = Ring(bytearray(LAYOUT.nbytes), LAYOUT)
-    executor = PersistentExecutor(weights, CONFIG, ring, eos_token_ids=eos, dispatch=dispatch,
+    executor = PersistentExecutor(weights, config, ring, eos_token_ids=eos, dispatch=dispatch,
                                   weight_dtype=weight_dtype)
     executor.start()
     try:
@@ -53,11 +53,12 @@ def running(weights, eos=(), dispatch="inline", weight_dtype=np.float32):
         executor.stop()
 
 
-def assert_all_free(ring: Ring, executor: PersistentExecutor):
+def assert_all_free(ring: Ring, executor: PersistentExecutor, config=CONFIG):
     assert (ring.state == EMPTY).all()
     state = executor.scheduler_state
-    assert int(state.free_top.copy_to_host()[0]) == CONFIG.num_kv_blocks
-    assert sorted(state.free_blocks.copy_to_host().tolist()) == list(range(CONFIG.num_kv_blocks))
+    assert int(state.free_top.copy_to_host()[0]) == config.num_kv_blocks
+    assert sorted(state.free_blocks.copy_to_host().tolist()) == list(range(config.num_kv_blocks))
+    assert (state.block_tables.copy_to_host() == -1).all()
     assert (state.lanes.copy_to_host()[:, pk.L_SLOT] == -1).all()
 
 
@@ -75,6 +76,34 @@ def test_greedy_and_seeded_tokens_equal_the_reference(weights, rng, dispatch):
         assert [done[s] for s in slots] == [(e, "length") for e in expected]
         assert executor.stats()["claimed"] == 3
         assert_all_free(ring, executor)
+
+
+# 5 blocks of 4 tokens: an 11-token prompt with 6 tokens to generate needs 4 blocks, a 6-token one
+# 3, so the two cannot both finish at once — blocks are taken as tokens need them, and when a
+# decode finds the pool empty the newest lane is preempted by recompute.
+TIGHT = EngineConfig(block_size=4, num_kv_blocks=5, max_num_seqs=2, max_num_batched_tokens=8)
+
+
+@pytest.mark.parametrize("dispatch", DISPATCHERS)
+def test_preempted_lanes_recompute_and_keep_their_tokens(weights, rng, dispatch):
+    """Greedy and seeded requests on a pool too small for them all: the kernel preempts by
+    recompute (counted), the victims refill their caches from prompt + generated tokens and every
+    request still gets the reference's tokens; a request that would not fit the whole pool alone
+    fails at once instead of waiting forever; afterwards every lane, slot and block is free."""
+    prompts = [rng.integers(3, 64, size=n).tolist() for n in (11, 6, 7, 16)]
+    params = [SamplingParams(temperature=0, max_tokens=6, ignore_eos=True),
+              SamplingParams(temperature=0.9, top_k=20, seed=int(rng.integers(2**31)),
+                             max_tokens=6, ignore_eos=True),
+              SamplingParams(temperature=0, max_tokens=6, ignore_eos=True),
+              SamplingParams(temperature=0, max_tokens=6, ignore_eos=True)]  # 21 tokens > 5 blocks
+    expected = reference.generate(weights, prompts[:3], params[:3], block_size=TIGHT.block_size)
+    with running(weights, dispatch=dispatch, config=TIGHT) as (ring, client, executor):
+        slots = [client.submit(p, q, request_id=i) for i, (p, q) in enumerate(zip(prompts, params))]
+        done = client.collect(slots, TIMEOUT_S)
+        assert [done[s] for s in slots[:3]] == [(e, "length") for e in expected]
+        assert done[slots[3]] == ([], "error")
+        assert executor.stats()["preemptions"] >= 1
+        assert_all_free(ring, executor, TIGHT)
 
 
 def prompt_logits(weights, prompt):
