@@ -97,7 +97,7 @@ def run_persistent(ring, model_dir, engine_config, eos, board, parent, dispatch:
                 num_running=counters["running"], num_waiting=0,
                 kv_blocks_used=executor.num_kv_blocks - counters["free_blocks"],
                 kv_blocks_free=counters["free_blocks"], num_steps=counters["steps"],
-                num_preemptions=0))
+                num_preemptions=counters["preemptions"]))
             time.sleep(poll_s)
     finally:
         executor.stop()

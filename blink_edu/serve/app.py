@@ -107,7 +107,7 @@ def create_app(client: RingClient, tokenizer: Tokenizer, settings: ServeSettings
     ``supervisor``, the supervisor's: it restarts a dead engine) and the slot reaper run as
     background tasks for as long as the app is served."""
     metrics = ServeMetrics(client.occupancy, watch.kv_blocks, watch.scheduler_counts,
-                           lambda: watch.restarts)
+                           lambda: watch.restarts, watch.preemptions)
     reaper = SlotReaper(client)
     request_ids = count(1)
     started = int(time.time())

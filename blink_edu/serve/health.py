@@ -79,6 +79,11 @@ class EngineWatch:
         stats = self.stats()
         return None if stats is None else (stats["num_running"], stats["num_waiting"])
 
+    def preemptions(self) -> int | None:
+        """Requests the engine has preempted so far, or None until reported."""
+        stats = self.stats()
+        return None if stats is None else stats["num_preemptions"]
+
     async def run(self, period_s: float = 0.05) -> None:
         while True:
             self.refresh()

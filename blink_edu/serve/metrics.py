@@ -45,12 +45,14 @@ E2E_BUCKETS = (0.01, 0.05, 0.1, 0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15
 class ServeMetrics:
     """Every metric in its own registry (so several apps can live in one test process).
     ``occupancy``: slot counts by state name; ``kv_blocks``: (used, total) and
-    ``scheduler_counts``: (running, waiting) from the engine, or None while unknown."""
+    ``scheduler_counts``: (running, waiting) and ``preemptions``: requests preempted so far,
+    from the engine, or None while unknown."""
 
     def __init__(self, occupancy: Callable[[], dict[str, int]],
                  kv_blocks: Callable[[], tuple[int, int] | None],
                  scheduler_counts: Callable[[], tuple[int, int] | None] = lambda: None,
-                 engine_restarts: Callable[[], int] = lambda: 0):
+                 engine_restarts: Callable[[], int] = lambda: 0,
+                 preemptions: Callable[[], int | None] = lambda: None):
         self.registry = CollectorRegistry()
         r, p = self.registry, "blink_edu:"
         self.time_to_first_token = Histogram(
@@ -73,6 +75,9 @@ class ServeMetrics:
         # a count, read from the supervisor when scraped: a counter Prometheus cannot .inc()
         Gauge(p + "engine_restarts_total", "Times the server restarted its dead engine.",
               registry=r).set_function(engine_restarts)
+        Gauge(p + "num_preemptions_total", "Requests the engine preempted under memory pressure "
+              "(-1: not reported yet).", registry=r).set_function(
+                  lambda: -1 if preemptions() is None else preemptions())
 
     def _state_gauges(self, occupancy, kv_blocks, scheduler_counts) -> None:
         r, p = self.registry, "blink_edu:"

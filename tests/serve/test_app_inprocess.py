@@ -48,8 +48,9 @@ def test_running_and_waiting_gauges_are_the_schedulers_counts():
     from blink_edu.serve.metrics import ServeMetrics
 
     metrics = ServeMetrics(lambda: {name: 0 for name in STATE_NAMES.values()},
-                           lambda: (3, 10), lambda: (2, 5))
+                           lambda: (3, 10), lambda: (2, 5), lambda: 0, lambda: 7)
     text = generate_latest(metrics.registry).decode()
+    assert "blink_edu:num_preemptions_total 7.0" in text
     assert "blink_edu:num_requests_running 2.0" in text
     assert "blink_edu:num_requests_waiting 5.0" in text
     assert 'blink_edu:kv_blocks{kind="used"} 3.0' in text
