@@ -35,6 +35,7 @@ from ..kernels.linear import uses_tensor_cores
 from ..kernels.reduce import THREADS, cuda
 from ..kernels.sync import clock_handshake
 from ..kv.block_manager import blocks_needed
+from ..kv.host_store import mapped_host_array
 from ..kv.pool import allocate_kv_pool
 from ..model.reference import rope_tables
 from ..model.weights import ModelWeights
@@ -117,7 +118,8 @@ class PersistentExecutor:
             free_blocks=cuda.to_device(np.arange(N, dtype=i32)[::-1].copy()),
             free_top=cuda.to_device(np.array([N], i32)),
             sched=cuda.to_device(self._initial_sched()),
-            candidates=cuda.device_array(pk.MAX_CANDIDATES, i32))
+            candidates=cuda.device_array(pk.MAX_CANDIDATES, i32),
+            **self._host_arena(engine_config, S, W))
         attn_partials, attn_arrivals = attention_scratch(E)  # attention's splits
         self.step_buffers = StepBuffers(
             x=cuda.device_array((T, D), f32), qkv=cuda.device_array((T, (H + 2 * K) * E), f32),
@@ -142,6 +144,22 @@ class PersistentExecutor:
         self._stream = None
         self._graphs = None  # graph dispatch: the ForwardGraphs and the scheduler's own graph
         self.error: BaseException | None = None
+
+    def _host_arena(self, engine_config: EngineConfig, S: int, W: int) -> dict:
+        """SchedulerState's rotation arrays: the KV pool seen as one row a block, the host arena
+        (pinned host memory mapped into the GPU: ``num_host_kv_blocks`` rows, 2 x the pool's by
+        default, with ``preemption="rotate"``; else an empty free stack, and the kernel preempts
+        by recompute), each lane's host blocks and the arena's free stack."""
+        pool = self.model.kv_pool  # (N, L, 2, B, K, E)
+        N, words = pool.shape[0], int(np.prod(pool.shape[1:]))
+        NH = (engine_config.num_host_kv_blocks or 2 * N) if engine_config.preemption == "rotate" else 0
+        self._host_kv, host_kv = mapped_host_array((max(NH, 1), words), pool.dtype)  # (NH, words)
+        self.num_host_kv_blocks = NH
+        i32 = np.int32
+        return dict(kv_blocks=pool.reshape(N, words), host_kv=host_kv,
+                    host_tables=cuda.to_device(np.full((S, W), -1, i32)),
+                    host_free_blocks=cuda.to_device(np.arange(NH, dtype=i32)[::-1].copy()),
+                    host_free_top=cuda.to_device(np.array([NH], i32)))
 
     def _initial_sched(self) -> np.ndarray:
         sched = np.zeros(pk.NUM_SCHED_WORDS, np.int64)
@@ -196,6 +214,7 @@ class PersistentExecutor:
             raise RuntimeError("the persistent kernel is already running")
         self.control.host[:] = 0
         self.control.host[pk.C_FREE_BLOCKS] = self.num_kv_blocks  # until the kernel's first step
+        self.control.host[pk.C_HOST_FREE_BLOCKS] = self.num_host_kv_blocks
         args = self._args()
         if self.backend.is_simulator:  # one block; the launch blocks, so it gets a thread
             self._thread = threading.Thread(target=self._run_simulated, args=(args,),
@@ -282,7 +301,9 @@ class PersistentExecutor:
                     free_blocks=int(c[pk.C_FREE_BLOCKS]), schedule_ns=int(c[pk.C_SCHEDULE_NS]),
                     forward_ns=int(c[pk.C_FORWARD_NS]), publish_ns=int(c[pk.C_PUBLISH_NS]),
                     relaunches=int(c[pk.C_RELAUNCHES]), dispatch_error=int(c[pk.C_DISPATCH_ERROR]),
-                    preemptions=int(c[pk.C_PREEMPTIONS]))
+                    preemptions=int(c[pk.C_PREEMPTIONS]), rotations=int(c[pk.C_ROTATIONS]),
+                    rotate_ins=int(c[pk.C_ROTATE_INS]),
+                    host_free_blocks=int(c[pk.C_HOST_FREE_BLOCKS]))
 
     def _destroy_graphs(self) -> None:
         if self._graphs is not None:

@@ -57,8 +57,16 @@ first, and the **most recently admitted** lane that holds blocks is **preempted 
 its blocks go back to the stack and it keeps its lane, its tokens, its seed and its counter: its
 prompt becomes everything it knew (prompt + generated tokens, read back from the ring's arenas)
 and it refills its cache later, sampling exactly what it would have. A step that preempted starts
-no new prompt. Rotation to host memory instead of recompute (DECODE_PAUSED) is still the
-host-driven path's.
+no new prompt.
+
+**Rotation** (``EngineConfig(preemption="rotate")``, SuperInfer §4): a victim with tokens cached
+is *rotated out* instead, if the host arena (pinned host memory mapped into the GPU:
+``host_kv``) has room — block 0's threads copy its blocks there themselves (zero-copy: no host
+thread, no cudaMemcpy), then its GPU blocks go back to the stack. Each step starts by rotating
+lanes back in, oldest first, while the pool has blocks for one and for the next token of every
+decoding lane (the host scheduler's ``_resume_rotated``), and starts no new prompt while any lane
+is still out. A rotated lane resumes exactly where it stopped. (DuplexKV's eager copy-out of full
+blocks, which would leave a rotate-out only the dirty tail to move, is not in the kernel yet.)
 
 **Claiming.** Only one thread (block 0, thread 0) ever moves a slot out of PREFILL_PENDING, and no
 other agent may: the state machine gives PENDING slots to the engine alone. A compare-and-swap
@@ -121,31 +129,38 @@ class SchedulerState(NamedTuple):
     free_top: object  # (1,) i32 ... and its height
     sched: object  # (NUM_SCHED_WORDS,) i64 bookkeeping (S_*)
     candidates: object  # (MAX_CANDIDATES,) i32 PENDING slots the last scan noted
+    kv_blocks: object  # (N, L*2*B*K*E) the model's KV pool, one row a block (a view of it)
+    host_kv: object  # (NH, L*2*B*K*E) the host arena (mapped host memory)
+    host_tables: object  # (S, W) i32 a rotated-out lane's host blocks, -1 past its last
+    host_free_blocks: object  # (NH,) i32 a stack of free host blocks ...
+    host_free_top: object  # (1,) i32 ... and its height (0 from the start: no rotation)
 
 # lanes[s, field]
 # L_LEN: tokens known (prompt + generated); L_PROMPT: tokens to prefill before decoding (the
 # ring's prompt, or after a preemption by recompute everything known); L_RING_PROMPT: the ring's
-# prompt length (token j of the lane is prompt_tokens[slot, j] below it, output_tokens above).
+# prompt length (token j of the lane is prompt_tokens[slot, j] below it, output_tokens above);
+# L_ROTATED: 1 while its KV is in the host arena.
 (L_SLOT, L_CACHED, L_LEN, L_PROMPT, L_ORDER, L_GEN, L_SCHED, L_SAMPLE_ROW, L_SEED, L_START,
- L_LAST_TOKEN, L_MAX_TOKENS, L_IGNORE_EOS, L_TOP_K, L_RING_PROMPT) = range(15)
-NUM_LANE_FIELDS = 15
+ L_LAST_TOKEN, L_MAX_TOKENS, L_IGNORE_EOS, L_TOP_K, L_RING_PROMPT, L_ROTATED) = range(16)
+NUM_LANE_FIELDS = 16
 assert L_SLOT == LANE_SLOT  # forward_ops reads a lane's slot without importing this module
 # sched[word]: the kernel's own bookkeeping, in device memory
 (S_STOP, S_TOKENS, S_ROWS, S_DOORBELL_SEEN, S_DOORBELL_NOW, S_ADMITTED, S_CANDIDATES,
  S_SCAN_START, S_STEPS, S_SCAN_NS, S_SCANS, S_IDLE, S_CLOCK_OFFSET, S_STEP_START,
  S_FORWARD_START, S_BEATS, S_CLAIMED, S_SCHEDULE_NS, S_FORWARD_NS, S_PUBLISH_NS,
- S_PREEMPTIONS) = range(21)
-NUM_SCHED_WORDS = 21
+ S_PREEMPTIONS, S_ROTATIONS, S_ROTATE_INS) = range(23)
+NUM_SCHED_WORDS = 23
 # control[word]: shared with the host (mapped memory); the kernel only writes them, except the
 # stop flag. The *_NS words are cumulative GPU time of the phases of every step that ran the
 # model: A+B (reads, scan, schedule and their barriers), C (forward), D (publish).
 # C_RELAUNCHES and C_DISPATCH_ERROR are the device-graph dispatcher's (graph_dispatch.py): its
 # tail self-relaunches, and the CUDA error of a device-side launch that failed (the kernel then
-# ends). C_PREEMPTIONS: lanes preempted by recompute so far.
+# ends). C_PREEMPTIONS: lanes preempted so far (by recompute or rotation), C_ROTATIONS of them
+# rotated out; C_ROTATE_INS: rotated back in; C_HOST_FREE_BLOCKS: the host arena's free blocks.
 (C_STOP, C_STEPS, C_SCAN_NS, C_SCANS, C_CLAIMED, C_RUNNING, C_FREE_BLOCKS,
  C_SCHEDULE_NS, C_FORWARD_NS, C_PUBLISH_NS, C_RELAUNCHES, C_DISPATCH_ERROR,
- C_PREEMPTIONS) = range(13)
-NUM_CONTROL_WORDS = 13
+ C_PREEMPTIONS, C_ROTATIONS, C_ROTATE_INS, C_HOST_FREE_BLOCKS) = range(16)
+NUM_CONTROL_WORDS = 16
 CANDIDATES_SHAPE = (MAX_CANDIDATES,)
 IDLE_SLEEP_NS = 2000
 
@@ -169,22 +184,31 @@ def scan_ring(state, sched, candidates, thread, n_threads):
 
 # --- KV blocks, on demand -----------------------------------------------------------------------
 @cuda.jit(device=True)
-def release_blocks(lane, block_tables, free_blocks, free_top):
-    """Give a lane's KV blocks back to the free stack (a lane's blocks are a prefix of its row)."""
+def blocks_held(lane, tables):
+    """How many blocks ``lane`` holds in ``tables`` (its blocks are a prefix of its row)."""
     n = 0
-    while n < block_tables.shape[1] and block_tables[lane, n] >= 0:
+    while n < tables.shape[1] and tables[lane, n] >= 0:
         n += 1
-    base = cuda.atomic.add(free_top, 0, int32(n))  # several threads may free lanes at once
-    for j in range(n):
-        free_blocks[base + j] = block_tables[lane, j]
-        block_tables[lane, j] = -1
+    return n
 
 
 @cuda.jit(device=True)
-def free_lane(lane, lanes, block_tables, free_blocks, free_top):
-    """Give a lane's KV blocks back to the free stack and empty the lane."""
-    release_blocks(lane, block_tables, free_blocks, free_top)
-    lanes[lane, L_SLOT] = -1
+def release_blocks(lane, tables, free_blocks, free_top):
+    """Give a lane's blocks back to their free stack: the GPU pool's, or the host arena's."""
+    n = blocks_held(lane, tables)
+    base = cuda.atomic.add(free_top, 0, int32(n))  # several threads may free lanes at once
+    for j in range(n):
+        free_blocks[base + j] = tables[lane, j]
+        tables[lane, j] = -1
+
+
+@cuda.jit(device=True)
+def free_lane(lane, q):
+    """Give a lane's KV blocks (on the GPU and in the host arena) back and empty the lane."""
+    release_blocks(lane, q.block_tables, q.free_blocks, q.free_top)
+    release_blocks(lane, q.host_tables, q.host_free_blocks, q.host_free_top)
+    q.lanes[lane, L_ROTATED] = 0
+    q.lanes[lane, L_SLOT] = -1
 
 
 @cuda.jit(device=True)
@@ -232,12 +256,14 @@ def preempt_by_recompute(lane, lanes, block_tables, free_blocks, free_top, sched
 
 
 @cuda.jit(device=True)
-def grow_decodes_oldest_first(lanes, block_tables, free_blocks, free_top, sched, block_size,
-                              counts):
+def grow_decodes_oldest_first(q, block_size, counts):
     """Thread 0, when the free stack cannot give every decode the block it needs: oldest
     admission first, each decode takes its block; while the stack is empty the newest lane that
     holds blocks is preempted (maybe the asker itself, which then runs nothing this step).
-    ``counts[0]`` (decodes this step) loses the decodes preempted; ``counts[2]`` becomes 1."""
+    ``counts[0]`` (decodes this step) loses the decodes preempted; ``counts[2]`` becomes 1.
+    Returns -1 when done, or a victim to rotate out (its host blocks reserved): the caller's
+    threads copy it out (``rotate_out``) and call again."""
+    lanes, block_tables = q.lanes, q.block_tables
     while True:
         asker = -1
         for s in range(lanes.shape[0]):
@@ -245,14 +271,94 @@ def grow_decodes_oldest_first(lanes, block_tables, free_blocks, free_top, sched,
                     and (asker < 0 or lanes[s, L_ORDER] < lanes[asker, L_ORDER])):
                 asker = s
         if asker < 0:
-            return
-        while free_top[0] == 0 and lanes[asker, L_SCHED] == 1:
+            return -1
+        while q.free_top[0] == 0 and lanes[asker, L_SCHED] == 1:
             victim = newest_holding_blocks(lanes, block_tables)  # the asker holds some
             counts[0] -= lanes[victim, L_SCHED]  # a decode of this step, or a prompt lane
-            preempt_by_recompute(victim, lanes, block_tables, free_blocks, free_top, sched)
             counts[2] = 1
+            lanes[victim, L_SCHED] = 0
+            if lanes[victim, L_CACHED] > 0 and reserve_host_blocks(victim, q):
+                return victim
+            preempt_by_recompute(victim, lanes, block_tables, q.free_blocks, q.free_top, q.sched)
         if lanes[asker, L_SCHED] == 1:
-            take_blocks(asker, 1, lanes, block_tables, free_blocks, free_top, block_size)
+            take_blocks(asker, 1, lanes, block_tables, q.free_blocks, q.free_top, block_size)
+
+
+# --- rotation: a lane's KV to the host arena and back (preemption="rotate") ---------------------
+@cuda.jit(device=True)
+def reserve_host_blocks(lane, q):
+    """Thread 0: host-arena blocks for every GPU block ``lane`` holds (into q.host_tables).
+    False if the arena lacks them (or there is none: preemption by recompute)."""
+    n = blocks_held(lane, q.block_tables)
+    if n > q.host_free_top[0]:
+        return False
+    for j in range(n):
+        q.host_free_top[0] -= 1
+        q.host_tables[lane, j] = q.host_free_blocks[q.host_free_top[0]]
+    return True
+
+
+@cuda.jit(device=True)
+def copy_lane_blocks(lane, src_tables, src, dst_tables, dst):
+    """Every thread of the block: ``lane``'s blocks from ``src`` to ``dst`` (rows of block
+    words), block j of ``src_tables``'s row to block j of ``dst_tables``'s."""
+    words = src.shape[1]
+    for i in range(cuda.threadIdx.x, blocks_held(lane, src_tables) * words, THREADS):
+        j = i // words
+        w = i - j * words
+        dst[dst_tables[lane, j], w] = src[src_tables[lane, j], w]
+
+
+@cuda.jit(device=True)
+def rotate_out(lane, q):
+    """Block 0, every thread: copy ``lane``'s KV into its reserved host blocks; then thread 0
+    gives its GPU blocks back. It keeps its lane and its tokens (L_ROTATED)."""
+    copy_lane_blocks(lane, q.block_tables, q.kv_blocks, q.host_tables, q.host_kv)
+    cuda.threadfence_system()  # the copy is in host memory before the GPU blocks are reused
+    cuda.syncthreads()
+    if cuda.threadIdx.x == 0:
+        release_blocks(lane, q.block_tables, q.free_blocks, q.free_top)
+        q.lanes[lane, L_ROTATED] = 1
+        q.sched[S_PREEMPTIONS] += 1
+        q.sched[S_ROTATIONS] += 1
+    cuda.syncthreads()
+
+
+@cuda.jit(device=True)
+def lane_to_rotate_in(q, block_size):
+    """Thread 0: the oldest rotated-out lane, with GPU blocks taken for its cached tokens, if the
+    pool holds them besides the next token of every decoding lane (FCFS: if the oldest does not
+    fit, nobody overtakes it); else -1."""
+    lanes = q.lanes
+    oldest = -1
+    reserve = 0
+    for s in range(lanes.shape[0]):
+        if lanes[s, L_SLOT] < 0:
+            continue
+        if lanes[s, L_ROTATED] == 1:
+            if oldest < 0 or lanes[s, L_ORDER] < lanes[oldest, L_ORDER]:
+                oldest = s
+        elif lanes[s, L_CACHED] >= lanes[s, L_PROMPT]:
+            reserve += blocks_missing(s, 1, lanes, q.block_tables, block_size)
+    if oldest < 0 or (lanes[oldest, L_LEN] + block_size - 1) // block_size + reserve > q.free_top[0]:
+        return -1
+    for j in range(blocks_held(oldest, q.host_tables)):
+        q.free_top[0] -= 1
+        q.block_tables[oldest, j] = q.free_blocks[q.free_top[0]]
+    return oldest
+
+
+@cuda.jit(device=True)
+def rotate_in(lane, q):
+    """Block 0, every thread: copy ``lane``'s KV back from the host arena into the GPU blocks
+    ``lane_to_rotate_in`` took; then thread 0 frees its host blocks. It runs on from here."""
+    copy_lane_blocks(lane, q.host_tables, q.host_kv, q.block_tables, q.kv_blocks)
+    cuda.syncthreads()
+    if cuda.threadIdx.x == 0:
+        release_blocks(lane, q.host_tables, q.host_free_blocks, q.host_free_top)
+        q.lanes[lane, L_ROTATED] = 0
+        q.sched[S_ROTATE_INS] += 1
+    cuda.syncthreads()
 
 
 # --- B: schedule (block 0) ----------------------------------------------------------------------
@@ -266,11 +372,12 @@ def complete_slot(slot, reason, state, finish_reason):
 
 
 @cuda.jit(device=True)
-def finish_cancelled(lanes, cancel, state, finish_reason, block_tables, free_blocks, free_top):
-    for lane in range(cuda.threadIdx.x, lanes.shape[0], THREADS):
-        slot = lanes[lane, L_SLOT]
+def finish_cancelled(q, cancel, state, finish_reason):
+    """Cancelled lanes (running or rotated out) give everything back and complete (ABORT)."""
+    for lane in range(cuda.threadIdx.x, q.lanes.shape[0], THREADS):
+        slot = q.lanes[lane, L_SLOT]
         if slot >= 0 and load_acquire(cancel, slot) != 0:
-            free_lane(lane, lanes, block_tables, free_blocks, free_top)
+            free_lane(lane, q)
             complete_slot(slot, FINISH_ABORT, state, finish_reason)
 
 
@@ -381,6 +488,7 @@ def place_request(slot, verdict, state, claim_ns, prompt_len, max_tokens, seed, 
     lanes[lane, L_LEN] = n
     lanes[lane, L_PROMPT] = n
     lanes[lane, L_RING_PROMPT] = n
+    lanes[lane, L_ROTATED] = 0
     lanes[lane, L_GEN] = 0
     lanes[lane, L_ORDER] = sched[S_ADMITTED]
     lanes[lane, L_SEED] = seed_of(seed[slot], slot)
@@ -406,52 +514,70 @@ def copy_request_to_lane(slot, lane, lanes, lane_sampling, lane_stop_ids, temper
 
 
 @cuda.jit(device=True)
-def plan_step(lanes, block_tables, free_blocks, free_top, sched, budget, block_size):
+def plan_step(q, budget, block_size):
     """Block 0: how many tokens each lane runs this step (lanes[:, L_SCHED]), where they go in the
     flat batch (L_START) and which lanes sample (L_SAMPLE_ROW), each lane taking the KV blocks
-    its tokens need: decodes first (a thread per lane; the executor makes sure S <= budget; when
-    the pool runs short, thread 0 preempts: ``grow_decodes_oldest_first``), then prompt chunks
-    oldest first (thread 0), then places and rows in lane order (a block-wide scan). Returns
-    whether any lane has prompt left."""
+    its tokens need: rotated-out lanes back in first (oldest first, while they fit), then
+    decodes (a thread per lane; the executor makes sure S <= budget; when the pool runs short,
+    thread 0 preempts: ``grow_decodes_oldest_first``), then prompt chunks oldest first (thread
+    0), then places and rows in lane order (a block-wide scan). Returns whether any lane has
+    prompt left."""
     tid = cuda.threadIdx.x
+    lanes = q.lanes
     S = lanes.shape[0]
     # decoding lanes, lanes with prompt tokens left, blocks the decodes lack (then: whether
-    # this step preempted), whether the stack holds every block the decodes lack
-    counts = cuda.shared.array(4, int32)
+    # this step preempted), whether the stack holds every block the decodes lack, lanes still
+    # rotated out
+    counts = cuda.shared.array(5, int32)
+    moving = cuda.shared.array(1, int32)  # the lane whose KV block 0 copies now (-1: none)
     scratch = cuda.shared.array(THREADS, int32)
+    while True:  # rotate lanes back in
+        if tid == 0:
+            moving[0] = lane_to_rotate_in(q, block_size)
+        cuda.syncthreads()
+        if moving[0] < 0:
+            break
+        rotate_in(moving[0], q)
     if tid == 0:
-        counts[0] = 0
-        counts[1] = 0
-        counts[2] = 0
+        for k in range(5):
+            counts[k] = 0
     cuda.syncthreads()
     for s in range(tid, S, THREADS):
         lanes[s, L_SCHED] = 0
         lanes[s, L_SAMPLE_ROW] = -1
-        if lanes[s, L_SLOT] >= 0:
-            if lanes[s, L_CACHED] >= lanes[s, L_PROMPT]:
-                lanes[s, L_SCHED] = 1  # decoding: one token, always caught up afterwards
-                cuda.atomic.add(counts, 0, 1)
-                cuda.atomic.add(counts, 2,
-                                int32(blocks_missing(s, 1, lanes, block_tables, block_size)))
-            else:
-                cuda.atomic.add(counts, 1, 1)
+        if lanes[s, L_SLOT] < 0:
+            continue
+        if lanes[s, L_ROTATED] == 1:
+            cuda.atomic.add(counts, 4, 1)
+        elif lanes[s, L_CACHED] >= lanes[s, L_PROMPT]:
+            lanes[s, L_SCHED] = 1  # decoding: one token, always caught up afterwards
+            cuda.atomic.add(counts, 0, 1)
+            cuda.atomic.add(counts, 2,
+                            int32(blocks_missing(s, 1, lanes, q.block_tables, block_size)))
+        else:
+            cuda.atomic.add(counts, 1, 1)
     cuda.syncthreads()
     if tid == 0:
-        counts[3] = counts[2] <= free_top[0]
+        counts[3] = counts[2] <= q.free_top[0]
         counts[2] = 0  # from here: whether this step preempted
     cuda.syncthreads()
     if counts[3]:  # the usual case: every decode takes the block it lacks, in parallel
         for s in range(tid, S, THREADS):
             if lanes[s, L_SCHED] == 1:
-                take_blocks(s, 1, lanes, block_tables, free_blocks, free_top, block_size)
-    elif tid == 0:
-        grow_decodes_oldest_first(lanes, block_tables, free_blocks, free_top, sched, block_size,
-                                  counts)
+                take_blocks(s, 1, lanes, q.block_tables, q.free_blocks, q.free_top, block_size)
+    else:
+        while True:  # oldest first, preempting the newest; each rotate-out copied by the block
+            if tid == 0:
+                moving[0] = grow_decodes_oldest_first(q, block_size, counts)
+            cuda.syncthreads()
+            if moving[0] < 0:
+                break
+            rotate_out(moving[0], q)
     cuda.syncthreads()
     prompts_left = counts[1] > 0
     if tid == 0 and prompts_left:
-        schedule_prompt_chunks(lanes, counts[0], budget, counts[2] == 0, block_tables,
-                               free_blocks, free_top, block_size)
+        schedule_prompt_chunks(lanes, counts[0], budget, counts[2] == 0 and counts[4] == 0,
+                               q.block_tables, q.free_blocks, q.free_top, block_size)
     cuda.syncthreads()
     n_tokens = int64(0)
     n_rows = int64(0)
@@ -468,8 +594,8 @@ def plan_step(lanes, block_tables, free_blocks, free_top, sched, budget, block_s
         n_tokens += tokens_here
         n_rows += rows_here
     if tid == 0:
-        sched[S_TOKENS] = n_tokens
-        sched[S_ROWS] = n_rows
+        q.sched[S_TOKENS] = n_tokens
+        q.sched[S_ROWS] = n_rows
     cuda.syncthreads()  # fill_step reads every lane's place
     return prompts_left
 
@@ -480,13 +606,14 @@ def schedule_prompt_chunks(lanes, n_tokens, budget, start_new, block_tables, fre
     """Thread 0: prompt chunks into what the decodes left of the budget, oldest admission first,
     each taking its KV blocks, up to the first chunk the free stack cannot hold (FCFS: nobody
     overtakes it). Unless ``start_new``, only prompts already part-way continue (a step that
-    preempted starts none: the host scheduler's rule)."""
+    preempted starts none, nor does one while a lane is rotated out: the host scheduler's
+    rules)."""
     S = lanes.shape[0]
     while n_tokens < budget:
         oldest = -1
         for s in range(S):
             if (lanes[s, L_SLOT] >= 0 and lanes[s, L_SCHED] == 0
-                    and lanes[s, L_CACHED] < lanes[s, L_PROMPT]
+                    and lanes[s, L_CACHED] < lanes[s, L_PROMPT] and lanes[s, L_ROTATED] == 0
                     and (start_new or lanes[s, L_CACHED] > 0)
                     and (oldest < 0 or lanes[s, L_ORDER] < lanes[oldest, L_ORDER])):
                 oldest = s
@@ -558,13 +685,13 @@ def seed_of(seed, slot):
 
 # --- D: publish (block 0) -----------------------------------------------------------------------
 @cuda.jit(device=True)
-def publish(lanes, lane_stop_ids, tokens, row_lane, R, state, output_tokens, generated,
-            first_token_ns, last_token_ns, finish_reason, eos_ids, block_tables, free_blocks,
-            free_top, max_model_len, now_ns):
+def publish(q, tokens, row_lane, R, state, output_tokens, generated, first_token_ns,
+            last_token_ns, finish_reason, max_model_len, now_ns):
     """Thread per sampled row: the token into the arena, then ``generated`` (release), then the
     state; the stop rules; a finished lane gives its blocks back. Then every lane's progress.
     Returns how many lanes are running afterwards."""
     tid = cuda.threadIdx.x
+    lanes = q.lanes
     for s in range(tid, lanes.shape[0], THREADS):  # what this step cached
         lanes[s, L_CACHED] += lanes[s, L_SCHED]
     cuda.syncthreads()
@@ -581,9 +708,9 @@ def publish(lanes, lane_stop_ids, tokens, row_lane, R, state, output_tokens, gen
         lanes[lane, L_GEN] = n + 1
         lanes[lane, L_LEN] += 1
         lanes[lane, L_LAST_TOKEN] = token
-        reason = stop_reason(token, lane, lanes, lane_stop_ids, eos_ids, max_model_len)
+        reason = stop_reason(token, lane, lanes, q.lane_stop_ids, q.eos_ids, max_model_len)
         if reason != 0:
-            free_lane(lane, lanes, block_tables, free_blocks, free_top)
+            free_lane(lane, q)
             complete_slot(slot, reason, state, finish_reason)
     running = cuda.shared.array(1, int32)
     if tid == 0:
@@ -625,8 +752,7 @@ def read_host_words(ring, control, scheduler):
         sched[S_STOP] = load_acquire(control, C_STOP)
         sched[S_BEATS] += 1
         store_release(r.engine_heartbeat, 0, sched[S_BEATS])  # the frontend's /health
-    finish_cancelled(q.lanes, r.cancel, r.state, r.finish_reason, q.block_tables, q.free_blocks,
-                     q.free_top)
+    finish_cancelled(q, r.cancel, r.state, r.finish_reason)
 
 
 @cuda.jit(device=True)
@@ -651,8 +777,7 @@ def schedule_step(ring, control, scheduler, step, row_lane, vocab_size, budget, 
     cuda.syncthreads()
     if tid == 0:
         sched[S_CANDIDATES] = 0
-    prompts_left = plan_step(q.lanes, q.block_tables, q.free_blocks, q.free_top, sched, budget,
-                             block_size)
+    prompts_left = plan_step(q, budget, block_size)
     fill_step(q.lanes, q.lane_sampling, prompts_left, r.prompt_tokens, r.output_tokens,
               b.token_ids, b.positions, b.seq_rows, b.logit_rows, b.step_temperature,
               b.step_top_p, b.step_top_k, b.step_seeds, b.counters, row_lane)
@@ -664,12 +789,11 @@ def publish_step(ring, control, scheduler, tokens, row_lane, R, max_model_len):
     ``row_lane`` (R,)), then the counters the host reads."""
     r, q = ring, scheduler
     publish_start = globaltimer_ns()
-    running = publish(q.lanes, q.lane_stop_ids, tokens, row_lane, R, r.state, r.output_tokens,
-                      r.generated, r.first_token_ns, r.last_token_ns, r.finish_reason, q.eos_ids,
-                      q.block_tables, q.free_blocks, q.free_top, max_model_len,
+    running = publish(q, tokens, row_lane, R, r.state, r.output_tokens, r.generated,
+                      r.first_token_ns, r.last_token_ns, r.finish_reason, max_model_len,
                       publish_start + q.sched[S_CLOCK_OFFSET])
     if cuda.threadIdx.x == 0:
-        count_step(q.sched, control, running, q.free_top[0], publish_start)
+        count_step(q, control, running, publish_start)
 
 
 @cuda.jit(device=True)
@@ -724,19 +848,23 @@ def persistent_scheduler_kernel(ring, control, model, step, scheduler, history, 
 
 
 @cuda.jit(device=True)
-def count_step(sched, control, running, free_blocks, publish_start):
+def count_step(q, control, running, publish_start):
     """Thread 0 of block 0, after a step: the counters the host reads. Plain stores, then one
     release of the step count: a host that sees the new count sees the rest."""
+    sched = q.sched
     sched[S_STEPS] += 1
     sched[S_SCHEDULE_NS] += sched[S_FORWARD_START] - sched[S_STEP_START]
     sched[S_FORWARD_NS] += publish_start - sched[S_FORWARD_START]
     sched[S_PUBLISH_NS] += globaltimer_ns() - publish_start
     control[C_RUNNING] = running
-    control[C_FREE_BLOCKS] = free_blocks
+    control[C_FREE_BLOCKS] = q.free_top[0]
+    control[C_HOST_FREE_BLOCKS] = q.host_free_top[0]
     control[C_SCAN_NS] = sched[S_SCAN_NS]
     control[C_SCANS] = sched[S_SCANS]
     control[C_SCHEDULE_NS] = sched[S_SCHEDULE_NS]
     control[C_FORWARD_NS] = sched[S_FORWARD_NS]
     control[C_PUBLISH_NS] = sched[S_PUBLISH_NS]
     control[C_PREEMPTIONS] = sched[S_PREEMPTIONS]
+    control[C_ROTATIONS] = sched[S_ROTATIONS]
+    control[C_ROTATE_INS] = sched[S_ROTATE_INS]
     store_release(control, C_STEPS, sched[S_STEPS])

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import threading
 from contextlib import contextmanager
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -54,12 +55,17 @@ def running(weights, eos=(), dispatch="inline", weight_dtype=np.float32, config=
 
 
 def assert_all_free(ring: Ring, executor: PersistentExecutor, config=CONFIG):
+    """Every slot EMPTY, every lane empty, every GPU block and every host-arena block free."""
     assert (ring.state == EMPTY).all()
     state = executor.scheduler_state
-    assert int(state.free_top.copy_to_host()[0]) == config.num_kv_blocks
-    assert sorted(state.free_blocks.copy_to_host().tolist()) == list(range(config.num_kv_blocks))
-    assert (state.block_tables.copy_to_host() == -1).all()
     assert (state.lanes.copy_to_host()[:, pk.L_SLOT] == -1).all()
+    for top, stack, tables, n in ((state.free_top, state.free_blocks, state.block_tables,
+                                   config.num_kv_blocks),
+                                  (state.host_free_top, state.host_free_blocks, state.host_tables,
+                                   executor.num_host_kv_blocks)):
+        assert int(top.copy_to_host()[0]) == n
+        assert sorted(stack.copy_to_host().tolist()) == list(range(n))
+        assert (tables.copy_to_host() == -1).all()
 
 
 @pytest.mark.parametrize("dispatch", DISPATCHERS)
@@ -80,16 +86,22 @@ def test_greedy_and_seeded_tokens_equal_the_reference(weights, rng, dispatch):
 
 # 5 blocks of 4 tokens: an 11-token prompt with 6 tokens to generate needs 4 blocks, a 6-token one
 # 3, so the two cannot both finish at once — blocks are taken as tokens need them, and when a
-# decode finds the pool empty the newest lane is preempted by recompute.
+# decode finds the pool empty the newest lane is preempted: by recompute, or rotated out to the
+# host arena and back.
 TIGHT = EngineConfig(block_size=4, num_kv_blocks=5, max_num_seqs=2, max_num_batched_tokens=8)
+PREEMPTIONS = [("inline", "recompute"), ("inline", "rotate"),
+               pytest.param("graph", "recompute", marks=pytest.mark.gpu),
+               pytest.param("graph", "rotate", marks=pytest.mark.gpu)]
 
 
-@pytest.mark.parametrize("dispatch", DISPATCHERS)
-def test_preempted_lanes_recompute_and_keep_their_tokens(weights, rng, dispatch):
-    """Greedy and seeded requests on a pool too small for them all: the kernel preempts by
-    recompute (counted), the victims refill their caches from prompt + generated tokens and every
-    request still gets the reference's tokens; a request that would not fit the whole pool alone
-    fails at once instead of waiting forever; afterwards every lane, slot and block is free."""
+@pytest.mark.parametrize("dispatch,preemption", PREEMPTIONS)
+def test_preempted_lanes_keep_their_tokens(weights, rng, dispatch, preemption):
+    """Greedy and seeded requests on a pool too small for them all: the kernel preempts (counted:
+    by recompute, the victims refill their caches from prompt + generated tokens; by rotation,
+    block 0 copies a victim's KV to the host arena and back) and every request still gets the
+    reference's tokens; a request that would not fit the whole pool alone fails at once instead
+    of waiting forever; afterwards every lane, slot, GPU block and host block is free."""
+    config = replace(TIGHT, preemption=preemption)
     prompts = [rng.integers(3, 64, size=n).tolist() for n in (11, 6, 7, 16)]
     params = [SamplingParams(temperature=0, max_tokens=6, ignore_eos=True),
               SamplingParams(temperature=0.9, top_k=20, seed=int(rng.integers(2**31)),
@@ -97,13 +109,18 @@ def test_preempted_lanes_recompute_and_keep_their_tokens(weights, rng, dispatch)
               SamplingParams(temperature=0, max_tokens=6, ignore_eos=True),
               SamplingParams(temperature=0, max_tokens=6, ignore_eos=True)]  # 21 tokens > 5 blocks
     expected = reference.generate(weights, prompts[:3], params[:3], block_size=TIGHT.block_size)
-    with running(weights, dispatch=dispatch, config=TIGHT) as (ring, client, executor):
+    with running(weights, dispatch=dispatch, config=config) as (ring, client, executor):
         slots = [client.submit(p, q, request_id=i) for i, (p, q) in enumerate(zip(prompts, params))]
         done = client.collect(slots, TIMEOUT_S)
         assert [done[s] for s in slots[:3]] == [(e, "length") for e in expected]
         assert done[slots[3]] == ([], "error")
-        assert executor.stats()["preemptions"] >= 1
-        assert_all_free(ring, executor, TIGHT)
+        stats = executor.stats()
+        assert stats["preemptions"] >= 1
+        if preemption == "rotate":
+            assert stats["rotations"] == stats["rotate_ins"] == stats["preemptions"]
+        else:
+            assert stats["rotations"] == 0
+        assert_all_free(ring, executor, config)
 
 
 def prompt_logits(weights, prompt):
