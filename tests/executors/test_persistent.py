@@ -10,6 +10,7 @@ request completes or is cancelled, and afterwards every slot is EMPTY and every 
 from __future__ import annotations
 
 import threading
+import time
 from contextlib import contextmanager
 from dataclasses import replace
 
@@ -18,6 +19,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from blink_edu.backend import get_backend
 from blink_edu.config import EngineConfig, SamplingParams
 from blink_edu.executors import persistent_kernel as pk
 from blink_edu.executors.persistent import PersistentExecutor
@@ -120,6 +122,32 @@ def test_preempted_lanes_keep_their_tokens(weights, rng, dispatch, preemption):
             assert stats["rotations"] == stats["rotate_ins"] == stats["preemptions"]
         else:
             assert stats["rotations"] == 0
+        assert_all_free(ring, executor, config)
+
+
+@pytest.mark.skipif(not get_backend().is_simulator,
+                    reason="on a GPU a rotated-out lane comes back within microseconds: the test "
+                           "cannot cancel it in between (the simulator's steps take seconds)")
+def test_a_request_cancelled_while_rotated_out_gives_its_host_blocks_back(weights, rng):
+    """The newest lane is rotated out when the oldest needs its blocks; cancelled before it
+    comes back, it completes as "abort" with the tokens it had published, never rotates back in,
+    and its host-arena blocks are free again. The oldest request keeps the reference's tokens."""
+    config = replace(TIGHT, preemption="rotate")
+    prompts = [rng.integers(3, 64, size=n).tolist() for n in (11, 6)]
+    params = SamplingParams(temperature=0, max_tokens=6, ignore_eos=True)
+    expected = reference.generate(weights, prompts, [params, params], block_size=TIGHT.block_size)
+    with running(weights, config=config) as (ring, client, executor):
+        oldest, newest = (client.submit(p, params, request_id=i) for i, p in enumerate(prompts))
+        deadline = time.monotonic() + TIMEOUT_S
+        while executor.stats()["rotations"] == 0 and time.monotonic() < deadline:
+            time.sleep(0.005)
+        assert executor.stats()["rotate_ins"] == 0, "it came back before the cancel"
+        client.cancel(newest)
+        done = client.collect([oldest, newest], TIMEOUT_S)
+        assert done[oldest] == (expected[0], "length")
+        tokens, reason = done[newest]
+        assert reason == "abort" and tokens == expected[1][:len(tokens)]
+        assert executor.stats()["rotate_ins"] == 0
         assert_all_free(ring, executor, config)
 
 
@@ -287,8 +315,6 @@ def test_device_graph_dispatch_relaunches_itself_and_keeps_the_tokens(weights, r
 
 
 def test_the_dispatcher_choice_is_checked(weights):
-    from blink_edu.backend import get_backend
-
     ring = Ring(bytearray(LAYOUT.nbytes), LAYOUT)
     with pytest.raises(ValueError, match="unknown dispatcher"):
         PersistentExecutor(weights, CONFIG, ring, dispatch="nope")
