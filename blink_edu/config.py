@@ -346,10 +346,6 @@ class EngineConfig:
                              f"{', '.join(POLICY_NAMES)}")
         if self.executor not in EXECUTORS:
             raise ValueError(f"unknown executor {self.executor!r}; choose from {', '.join(EXECUTORS)}")
-        if self.executor in PERSISTENT_EXECUTORS and self.policy != "fcfs":
-            raise ValueError(f"policy {self.policy!r} needs a host-driven executor (reference, "
-                             f"eager or graph): the persistent kernel schedules by FCFS's rules "
-                             f"only (preempting by recompute or rotation)")
 
     def max_model_len_for(self, model: ModelConfig) -> int:
         """The longest request (prompt + output, tokens) an engine of this config admits for
@@ -370,10 +366,9 @@ def resolve_executor(name: str, policy: str = "fcfs", *, serves_ring: bool = Fal
     reference (the kernels would run in Numba's simulator, far too slow to serve); on a GPU the
     persistent scheduler kernel (Blink's design) when serving a ring (``serves_ring``: the
     server) under FCFS, and otherwise the CUDA-graph executor -- ``LLMEngine`` drives each step
-    from the host, and the persistent kernel takes KV blocks on demand and preempts (by
-    recompute, or by rotation with ``preemption="rotate"``) under FCFS's rules only, so another
-    policy needs a host-driven executor. Any other name is returned
-    as it is. ``on_gpu`` answers "is there a GPU?" for a process that must not ask the backend
+    from the host. (The persistent kernel runs the other policies too, RotaSched's decisions
+    made on the device, when asked for by name: ``--executor persistent --policy lvf``.) Any
+    other name is returned as it is. ``on_gpu`` answers "is there a GPU?" for a process that must not ask the backend
     (the server's frontend: ``backend.will_use_gpu``); by default the backend is asked."""
     if name != "auto":
         return name

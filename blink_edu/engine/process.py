@@ -89,12 +89,13 @@ def run_persistent(ring, model_dir, engine_config, eos, board, parent, dispatch:
     print(f"blink_edu.serve engine: executor=persistent, {dispatch} dispatch "
           f"({executor.grid_blocks} blocks), "
           f"{describe()}, {engine_config.num_kv_blocks} KV blocks x {engine_config.block_size} "
-          f"tokens, max_num_seqs={engine_config.max_num_seqs}", file=sys.stderr, flush=True)
+          f"tokens, max_num_seqs={engine_config.max_num_seqs}, policy={engine_config.policy}",
+          file=sys.stderr, flush=True)
     try:
         while not stop_requested(ring) and parent.is_alive() and executor.alive():
             counters = executor.stats()
             board.publish(EngineStats(
-                num_running=counters["running"], num_waiting=0,
+                num_running=counters["running"], num_waiting=counters["waiting"],
                 kv_blocks_used=executor.num_kv_blocks - counters["free_blocks"],
                 kv_blocks_free=counters["free_blocks"], num_steps=counters["steps"],
                 num_preemptions=counters["preemptions"]))

@@ -41,6 +41,8 @@ from ..model.reference import rope_tables
 from ..model.weights import ModelWeights
 from ..ring.layout import Ring
 from ..ring.placement import host_words, map_ring_for_gpu
+from ..sched.device_policy import POLICY_CODES
+from ..sched.vlt import RotaSchedConfig
 from . import persistent_kernel as pk
 from .forward_ops import ModelArrays, SamplingHistory, StepBuffers
 from .kernel_executor import MATRICES, fused_layer
@@ -68,6 +70,21 @@ def stacked_weights(weights: ModelWeights, weight_dtype) -> dict[str, object]:
                       else cuda.to_device(np.ascontiguousarray(weights.lm_head, weight_dtype)))
     out["final_norm"] = cuda.to_device(np.ascontiguousarray(weights.final_norm, np.float32))
     return out
+
+
+def policy_words(policy: str, max_num_seqs: int,
+                 config: RotaSchedConfig = RotaSchedConfig()) -> np.ndarray:
+    """The kernel's ``policy`` words (persistent_kernel.P_*): the policy's device code and
+    RotaSched's parameters, as the host engine's ``make_policy(policy)`` has them."""
+    words = np.zeros(pk.NUM_POLICY_WORDS, np.float64)
+    words[pk.P_CODE] = POLICY_CODES[policy]
+    words[pk.P_ALPHA], words[pk.P_BETA_F], words[pk.P_BETA_B] = (config.alpha, config.beta_f,
+                                                                  config.beta_b)
+    words[pk.P_TTFT_SLO_S], words[pk.P_TBT_SLO_S] = config.ttft_slo_s, config.tbt_slo_s
+    words[pk.P_TRANSFER_BUDGET] = config.transfer_budget_blocks
+    words[pk.P_DECISION_INTERVAL] = config.decision_interval
+    words[pk.P_MAX_RUNNING] = max_num_seqs
+    return words
 
 
 class PersistentExecutor:
@@ -107,19 +124,27 @@ class PersistentExecutor:
                                  kv_pool=cuda.to_device(allocate_kv_pool(cfg, N, B)),
                                  eps=np.float32(cfg.rms_norm_eps), num_heads=H, num_kv_heads=K,
                                  tensor_cores=uses_tensor_cores(weight_dtype))
-        lanes = np.zeros((S, pk.NUM_LANE_FIELDS), i64)  # (S, fields)
+        # Lanes: under FCFS one per request in the batch; under a policy also one per request it
+        # may keep waiting or rotated out (up to 4 x max_num_seqs, at most the ring's slots)
+        self.policy = engine_config.policy
+        L = S if self.policy == "fcfs" else max(S, min(ring.layout.num_slots, 4 * S))
+        self.num_lanes = L
+        lanes = np.zeros((L, pk.NUM_LANE_FIELDS), i64)  # (L, fields)
         lanes[:, pk.L_SLOT] = -1
         self.scheduler_state = pk.SchedulerState(
             lanes=cuda.to_device(lanes),
-            lane_sampling=cuda.device_array((S, 2), f32),  # (S, [temperature, top_p])
-            lane_stop_ids=cuda.device_array((S, ring.layout.max_stop_ids), i32),  # (S, T)
+            lane_sampling=cuda.device_array((L, 2), f32),  # (L, [temperature, top_p])
+            lane_stop_ids=cuda.device_array((L, ring.layout.max_stop_ids), i32),  # (L, stops)
             eos_ids=cuda.to_device(np.asarray(list(eos_token_ids) or [-1], i32)),
-            block_tables=cuda.to_device(np.full((S, W), -1, i32)),
+            block_tables=cuda.to_device(np.full((L, W), -1, i32)),
             free_blocks=cuda.to_device(np.arange(N, dtype=i32)[::-1].copy()),
             free_top=cuda.to_device(np.array([N], i32)),
             sched=cuda.to_device(self._initial_sched()),
             candidates=cuda.device_array(pk.MAX_CANDIDATES, i32),
-            **self._host_arena(engine_config, S, W))
+            policy=cuda.to_device(policy_words(self.policy, S)),
+            decide_ints=cuda.device_array((8, L), i32),  # (8, L) the policy's view, answers
+            decide_floats=cuda.device_array((4, L), np.float64),  # (4, L) its times, seconds
+            **self._host_arena(engine_config, L, W))
         attn_partials, attn_arrivals = attention_scratch(E)  # attention's splits
         self.step_buffers = StepBuffers(
             x=cuda.device_array((T, D), f32), qkv=cuda.device_array((T, (H + 2 * K) * E), f32),
@@ -303,7 +328,8 @@ class PersistentExecutor:
                     relaunches=int(c[pk.C_RELAUNCHES]), dispatch_error=int(c[pk.C_DISPATCH_ERROR]),
                     preemptions=int(c[pk.C_PREEMPTIONS]), rotations=int(c[pk.C_ROTATIONS]),
                     rotate_ins=int(c[pk.C_ROTATE_INS]),
-                    host_free_blocks=int(c[pk.C_HOST_FREE_BLOCKS]))
+                    host_free_blocks=int(c[pk.C_HOST_FREE_BLOCKS]), waiting=int(c[pk.C_WAITING]),
+                    decisions=int(c[pk.C_DECISIONS]))
 
     def _destroy_graphs(self) -> None:
         if self._graphs is not None:

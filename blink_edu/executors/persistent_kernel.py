@@ -17,8 +17,9 @@ The kernel is launched once and loops until the host raises a stop flag. One ite
     B  block 0       schedule  claim pending slots in arrival order (FCFS) while a lane and the
                                KV blocks of a first chunk are free; plan this step: decodes
                                first, then prompt chunks within the token budget, each taking
-                               the blocks its tokens need, preempting by recompute when the
-                               pool runs out (a thread per lane, a block-wide scan)
+                               the blocks its tokens need, preempting when the pool runs
+                               out (a thread per lane, a block-wide scan); under a RotaSched
+                               policy its decision first, rotations copied by the block
        ---- grid barrier ----
     C  every block   forward   the model over the step's flat batch, then sampling: the op list of
                                ``forward_ops.py``, the device functions the eager and graph
@@ -68,6 +69,16 @@ decoding lane (the host scheduler's ``_resume_rotated``), and starts no new prom
 is still out. A rotated lane resumes exactly where it stopped. (DuplexKV's eager copy-out of full
 blocks, which would leave a rotate-out only the dirty tail to move, is not in the kernel yet.)
 
+**RotaSched** (``EngineConfig(policy="lvf")``, or the baselines ``"waiting-first"`` and
+``"swapped-first"``; SuperInfer §3). The kernel keeps more lanes than the batch: a claimed
+request waits in its lane (L_RUNNING 0) until the policy admits it. At the head of each decision
+step (``rotasched_step``) block 0 lists the lanes as the host engine lists its sequences —
+running, waiting, rotated out, each in FCFS order, with their blocks and times
+(``describe_lanes``) — thread 0 calls the host policy's device twin (``decide_step``), and the
+block carries the decision out: rotate-outs first, then admissions, a rotated-out one copied
+back in. Between decisions the batch stands and FCFS's growth rules above preempt. Same tokens
+whatever the policy: only *when* a request runs changes.
+
 **Claiming.** Only one thread (block 0, thread 0) ever moves a slot out of PREFILL_PENDING, and no
 other agent may: the state machine gives PENDING slots to the engine alone. A compare-and-swap
 makes the claim; on PCIe-mapped host memory GPU atomics are not coherent with the host (docs/design.md
@@ -77,6 +88,7 @@ guarantee with one claimer.
 
 from __future__ import annotations
 
+import math
 from typing import NamedTuple
 
 from numba import int32, int64
@@ -86,6 +98,8 @@ from ..kernels.sampling import lowbias32
 from ..kernels.sync import globaltimer_ns, load_acquire, pause_ns, store_release
 from ..ring.layout import (DECODE_COMPLETED, DECODE_PROCESSING, FINISH_ABORT, FINISH_ERROR,
                            FINISH_LENGTH, FINISH_STOP, PREFILL_PENDING, PREFILL_PROCESSING)
+from ..sched.device_policy import POLICY_FCFS, decide_step
+from ..sched.vlt import ROTARY, RUNNING, WAITING
 from .forward_ops import LANE_SLOT, forward
 
 MAX_CANDIDATES = 64  # pending slots one scan can note; more wait for the next scan
@@ -134,33 +148,49 @@ class SchedulerState(NamedTuple):
     host_tables: object  # (S, W) i32 a rotated-out lane's host blocks, -1 past its last
     host_free_blocks: object  # (NH,) i32 a stack of free host blocks ...
     host_free_top: object  # (1,) i32 ... and its height (0 from the start: no rotation)
+    policy: object  # (NUM_POLICY_WORDS,) f64 the policy and its parameters (P_*)
+    decide_ints: object  # (8, S) i32 the policy's view and answers (D_STATE ... D_LANE)
+    decide_floats: object  # (4, S) f64 its times, seconds (D_T_ARR ... D_VLT)
 
 # lanes[s, field]
 # L_LEN: tokens known (prompt + generated); L_PROMPT: tokens to prefill before decoding (the
 # ring's prompt, or after a preemption by recompute everything known); L_RING_PROMPT: the ring's
 # prompt length (token j of the lane is prompt_tokens[slot, j] below it, output_tokens above);
-# L_ROTATED: 1 while its KV is in the host arena.
+# L_ROTATED: 1 while its KV is in the host arena; L_RUNNING: 1 in the running batch (0: waiting
+# for a policy to admit it, or rotated out); L_ARRIVAL_NS, L_RUN_NS, L_LAST_NS: when it arrived,
+# was admitted to the batch and published its last token (host clock, -1: not yet), for VLT.
 (L_SLOT, L_CACHED, L_LEN, L_PROMPT, L_ORDER, L_GEN, L_SCHED, L_SAMPLE_ROW, L_SEED, L_START,
- L_LAST_TOKEN, L_MAX_TOKENS, L_IGNORE_EOS, L_TOP_K, L_RING_PROMPT, L_ROTATED) = range(16)
-NUM_LANE_FIELDS = 16
+ L_LAST_TOKEN, L_MAX_TOKENS, L_IGNORE_EOS, L_TOP_K, L_RING_PROMPT, L_ROTATED, L_RUNNING,
+ L_ARRIVAL_NS, L_RUN_NS, L_LAST_NS) = range(20)
+NUM_LANE_FIELDS = 20
 assert L_SLOT == LANE_SLOT  # forward_ops reads a lane's slot without importing this module
 # sched[word]: the kernel's own bookkeeping, in device memory
 (S_STOP, S_TOKENS, S_ROWS, S_DOORBELL_SEEN, S_DOORBELL_NOW, S_ADMITTED, S_CANDIDATES,
  S_SCAN_START, S_STEPS, S_SCAN_NS, S_SCANS, S_IDLE, S_CLOCK_OFFSET, S_STEP_START,
  S_FORWARD_START, S_BEATS, S_CLAIMED, S_SCHEDULE_NS, S_FORWARD_NS, S_PUBLISH_NS,
- S_PREEMPTIONS, S_ROTATIONS, S_ROTATE_INS) = range(23)
-NUM_SCHED_WORDS = 23
+ S_PREEMPTIONS, S_ROTATIONS, S_ROTATE_INS, S_DECISIONS) = range(24)
+NUM_SCHED_WORDS = 24
+# policy[word]: the scheduling policy (a sched/device_policy.py POLICY_* code: FCFS is the
+# kernel's own rules) and RotaSched's parameters (sched/vlt.py's RotaSchedConfig)
+(P_CODE, P_ALPHA, P_BETA_F, P_TTFT_SLO_S, P_BETA_B, P_TBT_SLO_S, P_TRANSFER_BUDGET,
+ P_DECISION_INTERVAL, P_MAX_RUNNING) = range(9)
+NUM_POLICY_WORDS = 9
+# decide_ints[row], decide_floats[row]: one column per request the policy sees (in FCFS order)
+(D_STATE, D_HELD, D_TO_RUN, D_ON_HOST, D_ORDER, D_ADMIT, D_PREEMPT, D_LANE) = range(8)
+(D_T_ARR, D_T_RUN, D_T_LAST, D_VLT) = range(4)
 # control[word]: shared with the host (mapped memory); the kernel only writes them, except the
 # stop flag. The *_NS words are cumulative GPU time of the phases of every step that ran the
 # model: A+B (reads, scan, schedule and their barriers), C (forward), D (publish).
 # C_RELAUNCHES and C_DISPATCH_ERROR are the device-graph dispatcher's (graph_dispatch.py): its
 # tail self-relaunches, and the CUDA error of a device-side launch that failed (the kernel then
 # ends). C_PREEMPTIONS: lanes preempted so far (by recompute or rotation), C_ROTATIONS of them
-# rotated out; C_ROTATE_INS: rotated back in; C_HOST_FREE_BLOCKS: the host arena's free blocks.
+# rotated out; C_ROTATE_INS: rotated back in; C_HOST_FREE_BLOCKS: the host arena's free blocks;
+# C_WAITING: lanes holding a request outside the running batch; C_DECISIONS: a policy's decisions.
 (C_STOP, C_STEPS, C_SCAN_NS, C_SCANS, C_CLAIMED, C_RUNNING, C_FREE_BLOCKS,
  C_SCHEDULE_NS, C_FORWARD_NS, C_PUBLISH_NS, C_RELAUNCHES, C_DISPATCH_ERROR,
- C_PREEMPTIONS, C_ROTATIONS, C_ROTATE_INS, C_HOST_FREE_BLOCKS) = range(16)
-NUM_CONTROL_WORDS = 16
+ C_PREEMPTIONS, C_ROTATIONS, C_ROTATE_INS, C_HOST_FREE_BLOCKS, C_WAITING,
+ C_DECISIONS) = range(18)
+NUM_CONTROL_WORDS = 18
 CANDIDATES_SHAPE = (MAX_CANDIDATES,)
 IDLE_SLEEP_NS = 2000
 
@@ -208,6 +238,7 @@ def free_lane(lane, q):
     release_blocks(lane, q.block_tables, q.free_blocks, q.free_top)
     release_blocks(lane, q.host_tables, q.host_free_blocks, q.host_free_top)
     q.lanes[lane, L_ROTATED] = 0
+    q.lanes[lane, L_RUNNING] = 0
     q.lanes[lane, L_SLOT] = -1
 
 
@@ -245,14 +276,17 @@ def newest_holding_blocks(lanes, block_tables):
 
 
 @cuda.jit(device=True)
-def preempt_by_recompute(lane, lanes, block_tables, free_blocks, free_top, sched):
+def preempt_by_recompute(lane, q):
     """Thread 0: drop ``lane``'s K/V. It keeps its lane, its tokens, its seed and its counter,
-    and prefills everything it knows again later (engine/scheduler.py's twin)."""
-    release_blocks(lane, block_tables, free_blocks, free_top)
+    and prefills everything it knows again later (engine/scheduler.py's twin): under FCFS as
+    soon as blocks allow, under a policy once the policy admits it again (it waits)."""
+    release_blocks(lane, q.block_tables, q.free_blocks, q.free_top)
+    lanes = q.lanes
     lanes[lane, L_CACHED] = 0
     lanes[lane, L_PROMPT] = lanes[lane, L_LEN]
     lanes[lane, L_SCHED] = 0
-    sched[S_PREEMPTIONS] += 1
+    lanes[lane, L_RUNNING] = 1 if q.policy[P_CODE] == POLICY_FCFS else 0
+    q.sched[S_PREEMPTIONS] += 1
 
 
 @cuda.jit(device=True)
@@ -279,7 +313,7 @@ def grow_decodes_oldest_first(q, block_size, counts):
             lanes[victim, L_SCHED] = 0
             if lanes[victim, L_CACHED] > 0 and reserve_host_blocks(victim, q):
                 return victim
-            preempt_by_recompute(victim, lanes, block_tables, q.free_blocks, q.free_top, q.sched)
+            preempt_by_recompute(victim, q)
         if lanes[asker, L_SCHED] == 1:
             take_blocks(asker, 1, lanes, block_tables, q.free_blocks, q.free_top, block_size)
 
@@ -319,6 +353,7 @@ def rotate_out(lane, q):
     if cuda.threadIdx.x == 0:
         release_blocks(lane, q.block_tables, q.free_blocks, q.free_top)
         q.lanes[lane, L_ROTATED] = 1
+        q.lanes[lane, L_RUNNING] = 0
         q.sched[S_PREEMPTIONS] += 1
         q.sched[S_ROTATIONS] += 1
     cuda.syncthreads()
@@ -342,10 +377,17 @@ def lane_to_rotate_in(q, block_size):
             reserve += blocks_missing(s, 1, lanes, q.block_tables, block_size)
     if oldest < 0 or (lanes[oldest, L_LEN] + block_size - 1) // block_size + reserve > q.free_top[0]:
         return -1
-    for j in range(blocks_held(oldest, q.host_tables)):
-        q.free_top[0] -= 1
-        q.block_tables[oldest, j] = q.free_blocks[q.free_top[0]]
+    take_blocks_to_rotate_in(oldest, q)
     return oldest
+
+
+@cuda.jit(device=True)
+def take_blocks_to_rotate_in(lane, q):
+    """Thread 0: GPU blocks for each host block of a rotated-out ``lane`` (the caller made sure
+    the stack holds them)."""
+    for j in range(blocks_held(lane, q.host_tables)):
+        q.free_top[0] -= 1
+        q.block_tables[lane, j] = q.free_blocks[q.free_top[0]]
 
 
 @cuda.jit(device=True)
@@ -357,7 +399,168 @@ def rotate_in(lane, q):
     if cuda.threadIdx.x == 0:
         release_blocks(lane, q.host_tables, q.host_free_blocks, q.host_free_top)
         q.lanes[lane, L_ROTATED] = 0
+        q.lanes[lane, L_RUNNING] = 1
         q.sched[S_ROTATE_INS] += 1
+    cuda.syncthreads()
+
+
+# --- RotaSched in the kernel: a policy decides who runs (policy other than FCFS) -----------------
+NO_ROOM = -2  # an admission the pool has no blocks for: the rest of the decision waits
+
+
+@cuda.jit(device=True)
+def lane_group(lanes, s):
+    """Which of the policy's lists lane ``s`` is in: 0 running, 1 waiting, 2 rotated out (-1: an
+    empty lane)."""
+    if lanes[s, L_SLOT] < 0:
+        return -1
+    if lanes[s, L_RUNNING] == 1:
+        return 0
+    return 2 if lanes[s, L_ROTATED] == 1 else 1
+
+
+@cuda.jit(device=True)
+def seconds(ns):
+    """A lane's host-clock time in seconds; NaN for -1 (not yet)."""
+    return math.nan if ns < 0 else ns * 1e-9
+
+
+@cuda.jit(device=True)
+def describe_lanes(q, block_size, sizes):
+    """Block 0: every lane holding a request as one column of the policy's arrays, in FCFS
+    order — running (in order of admission), then waiting, then rotated out, each in arrival
+    order (engine/policy_step.py's ``describe``; a thread per lane finds its column by counting
+    the lanes before it). ``sizes`` (4,) shared: requests in each list, then all of them."""
+    tid = cuda.threadIdx.x
+    lanes, ints, floats = q.lanes, q.decide_ints, q.decide_floats
+    S = lanes.shape[0]
+    if tid == 0:
+        for g in range(4):
+            sizes[g] = 0
+    cuda.syncthreads()
+    for s in range(tid, S, THREADS):
+        g = lane_group(lanes, s)
+        if g >= 0:
+            cuda.atomic.add(sizes, g, 1)
+    cuda.syncthreads()
+    for s in range(tid, S, THREADS):
+        g = lane_group(lanes, s)
+        if g < 0:
+            continue
+        col = 0
+        for k in range(g):
+            col += sizes[k]
+        for t in range(S):
+            if lane_group(lanes, t) == g and lanes[t, L_ORDER] < lanes[s, L_ORDER]:
+                col += 1
+        known = lanes[s, L_LEN]  # tokens known: every one needs K/V once it runs
+        held = blocks_held(s, q.block_tables)
+        ints[D_LANE, col] = s
+        ints[D_STATE, col] = RUNNING if g == 0 else (WAITING if g == 1 else ROTARY)
+        ints[D_HELD, col] = held
+        ints[D_TO_RUN, col] = max(0, (known + block_size - 1) // block_size - held)
+        ints[D_ON_HOST, col] = blocks_held(s, q.host_tables)
+        floats[D_T_ARR, col] = seconds(lanes[s, L_ARRIVAL_NS])
+        floats[D_T_RUN, col] = seconds(lanes[s, L_RUN_NS])
+        floats[D_T_LAST, col] = seconds(lanes[s, L_LAST_NS])
+    cuda.syncthreads()
+    if tid == 0:
+        sizes[3] = sizes[0] + sizes[1] + sizes[2]
+    cuda.syncthreads()
+
+
+@cuda.jit(device=True)
+def decide(q, n, now_ns, answer):
+    """Thread 0: the policy's decision over the ``n`` requests ``describe_lanes`` listed
+    (sched/device_policy.py's ``decide_step``, the host policies' twin). ``answer`` (2,):
+    how many it admits and preempts (indices in decide_ints[D_ADMIT], [D_PREEMPT])."""
+    ints, floats, p = q.decide_ints, q.decide_floats, q.policy
+    num_admitted, num_preempted, _ = decide_step(
+        int32(p[P_CODE]), ints[D_STATE, :n], floats[D_T_ARR, :n], floats[D_T_RUN, :n],
+        floats[D_T_LAST, :n], ints[D_HELD, :n], ints[D_TO_RUN, :n], ints[D_ON_HOST, :n],
+        now_ns * 1e-9, q.free_top[0], int32(p[P_MAX_RUNNING]), p[P_ALPHA], p[P_BETA_F],
+        p[P_TTFT_SLO_S], p[P_BETA_B], p[P_TBT_SLO_S], int32(p[P_TRANSFER_BUDGET]),
+        floats[D_VLT, :n], ints[D_ORDER, :n], ints[D_ADMIT, :n], ints[D_PREEMPT, :n])
+    answer[0] = num_admitted
+    answer[1] = num_preempted
+    q.sched[S_DECISIONS] += 1
+
+
+@cuda.jit(device=True)
+def policy_victim(lane, q):
+    """Thread 0: a running lane the policy preempts. Nothing cached: back to waiting (a
+    recompute that loses nothing). Else rotated out: returns the lane, its host blocks reserved
+    — unless the host arena has no room, and then it keeps running (-1): recomputing instead
+    would trade a copy for its whole context in model work (engine/policy_step.py's
+    ``preempt``)."""
+    if q.lanes[lane, L_RUNNING] == 0:
+        return -1
+    if q.lanes[lane, L_CACHED] == 0:
+        preempt_by_recompute(lane, q)
+        return -1
+    return lane if reserve_host_blocks(lane, q) else -1
+
+
+@cuda.jit(device=True)
+def policy_admit(lane, q, now_ns):
+    """Thread 0: a lane the policy admits. Rotated out: GPU blocks for its KV, and the lane to
+    rotate in — or NO_ROOM if the pool lacks them. Waiting: into the batch from now on (its
+    t_run); -1. NO_ROOM too if the batch is full (a victim the host arena had no room for kept
+    its place): the step's buffers hold max_num_seqs sampled rows."""
+    lanes = q.lanes
+    running = 0
+    for s in range(lanes.shape[0]):
+        if lanes[s, L_SLOT] >= 0 and lanes[s, L_RUNNING] == 1:
+            running += 1
+    if running >= q.policy[P_MAX_RUNNING]:
+        return NO_ROOM
+    if lanes[lane, L_ROTATED] == 1:
+        if blocks_held(lane, q.host_tables) > q.free_top[0]:
+            return NO_ROOM
+        take_blocks_to_rotate_in(lane, q)
+        return lane
+    lanes[lane, L_RUNNING] = 1
+    lanes[lane, L_RUN_NS] = now_ns
+    return -1
+
+
+@cuda.jit(device=True)
+def rotasched_step(q, block_size):
+    """Block 0, at the head of a step under a policy: describe the lanes, and on a decision
+    step (every P_DECISION_INTERVAL-th, and whenever nothing runs; in between the batch stands
+    and FCFS's growth rules preempt) decide, then carry the decision out: its rotate-outs first
+    (their blocks are what its admissions count on), then its admissions in order, each
+    rotate-in copied back by the block (engine/policy_step.py's ``apply``)."""
+    tid = cuda.threadIdx.x
+    sizes = cuda.shared.array(4, int32)
+    answer = cuda.shared.array(2, int32)
+    moving = cuda.shared.array(1, int32)
+    describe_lanes(q, block_size, sizes)
+    now_ns = globaltimer_ns() + q.sched[S_CLOCK_OFFSET]
+    if tid == 0:
+        answer[0] = 0
+        answer[1] = 0
+        interval = int64(q.policy[P_DECISION_INTERVAL])
+        if sizes[3] > 0 and (q.sched[S_STEPS] % interval == 0 or sizes[0] == 0):
+            decide(q, sizes[3], now_ns, answer)
+    cuda.syncthreads()
+    ints = q.decide_ints
+    for k in range(answer[1]):
+        if tid == 0:
+            moving[0] = policy_victim(ints[D_LANE, ints[D_PREEMPT, k]], q)
+        cuda.syncthreads()
+        if moving[0] >= 0:
+            rotate_out(moving[0], q)
+        cuda.syncthreads()
+    for k in range(answer[0]):
+        if tid == 0:
+            moving[0] = policy_admit(ints[D_LANE, ints[D_ADMIT, k]], q, now_ns)
+        cuda.syncthreads()
+        if moving[0] == NO_ROOM:
+            break
+        if moving[0] >= 0:
+            rotate_in(moving[0], q)
+        cuda.syncthreads()
     cuda.syncthreads()
 
 
@@ -386,9 +589,10 @@ def admit_candidates(state, arrival_ns, claim_ns, prompt_len, max_tokens, seed, 
                      top_p, top_k, stop_ids, ignore_eos, prompt_tokens, finish_reason, lanes,
                      lane_sampling, lane_stop_ids, block_tables, free_blocks, free_top, sched,
                      control, candidates, vocab_size, output_tokens_width, max_model_len,
-                     block_size, budget, ring_in_device_memory):
-    """Claim noted slots oldest first while a lane and the KV blocks of their first prompt chunk
-    are free (thread 0 decides; the block checks each prompt's token ids in parallel). False if
+                     block_size, budget, fcfs, ring_in_device_memory):
+    """Claim noted slots oldest first while a lane is free — under FCFS (``fcfs``) and the KV
+    blocks of their first prompt chunk too; under a policy the lane waits for the policy to
+    admit it (thread 0 decides; the block checks each prompt's token ids in parallel). False if
     one had to wait."""
     tid = cuda.threadIdx.x
     verdict = cuda.shared.array(1, int32)  # ADMIT, ERROR, WAIT (no room) or SKIP (not pending)
@@ -412,10 +616,11 @@ def admit_candidates(state, arrival_ns, claim_ns, prompt_len, max_tokens, seed, 
                     verdict[0] = ERROR
         cuda.syncthreads()
         if tid == 0 and verdict[0] != SKIP:
-            verdict[0] = place_request(slot, verdict[0], state, claim_ns, prompt_len, max_tokens,
+            verdict[0] = place_request(slot, verdict[0], state, arrival_ns, claim_ns, prompt_len,
+                                       max_tokens,
                                        seed, temperature, top_p, top_k, stop_ids, ignore_eos,
                                        finish_reason, lanes, lane_sampling, lane_stop_ids,
-                                       free_top, sched, control, block_size, budget,
+                                       free_top, sched, control, block_size, budget, fcfs,
                                        ring_in_device_memory)
         cuda.syncthreads()
         if verdict[0] == WAIT:
@@ -460,9 +665,9 @@ def claim_slot(state, slot, ring_in_device_memory):
 
 
 @cuda.jit(device=True)
-def place_request(slot, verdict, state, claim_ns, prompt_len, max_tokens, seed, temperature,
-                  top_p, top_k, stop_ids, ignore_eos, finish_reason, lanes, lane_sampling,
-                  lane_stop_ids, free_top, sched, control, block_size, budget,
+def place_request(slot, verdict, state, arrival_ns, claim_ns, prompt_len, max_tokens, seed,
+                  temperature, top_p, top_k, stop_ids, ignore_eos, finish_reason, lanes,
+                  lane_sampling, lane_stop_ids, free_top, sched, control, block_size, budget, fcfs,
                   ring_in_device_memory):
     """Thread 0: claim ``slot`` and give it a lane (its blocks come as its tokens need them:
     ``plan_step``). Returns the final verdict."""
@@ -473,11 +678,12 @@ def place_request(slot, verdict, state, claim_ns, prompt_len, max_tokens, seed, 
             break
     n = prompt_len[slot]
     first_chunk = (min(n, budget) + block_size - 1) // block_size  # blocks it takes first
-    if verdict == ADMIT and (lane < 0 or first_chunk > free_top[0]):
+    if verdict == ADMIT and (lane < 0 or (fcfs and first_chunk > free_top[0])):
         return WAIT
     if not claim_slot(state, slot, ring_in_device_memory):
         return SKIP
-    claim_ns[slot] = globaltimer_ns() + sched[S_CLOCK_OFFSET]
+    now = globaltimer_ns() + sched[S_CLOCK_OFFSET]
+    claim_ns[slot] = now
     sched[S_CLAIMED] += 1
     store_release(control, C_CLAIMED, sched[S_CLAIMED])
     if verdict == ERROR:
@@ -489,6 +695,10 @@ def place_request(slot, verdict, state, claim_ns, prompt_len, max_tokens, seed, 
     lanes[lane, L_PROMPT] = n
     lanes[lane, L_RING_PROMPT] = n
     lanes[lane, L_ROTATED] = 0
+    lanes[lane, L_RUNNING] = 1 if fcfs else 0  # under a policy it waits to be admitted
+    lanes[lane, L_ARRIVAL_NS] = arrival_ns[slot]
+    lanes[lane, L_RUN_NS] = now if fcfs else -1
+    lanes[lane, L_LAST_NS] = -1
     lanes[lane, L_GEN] = 0
     lanes[lane, L_ORDER] = sched[S_ADMITTED]
     lanes[lane, L_SEED] = seed_of(seed[slot], slot)
@@ -531,13 +741,17 @@ def plan_step(q, budget, block_size):
     counts = cuda.shared.array(5, int32)
     moving = cuda.shared.array(1, int32)  # the lane whose KV block 0 copies now (-1: none)
     scratch = cuda.shared.array(THREADS, int32)
-    while True:  # rotate lanes back in
-        if tid == 0:
-            moving[0] = lane_to_rotate_in(q, block_size)
-        cuda.syncthreads()
-        if moving[0] < 0:
-            break
-        rotate_in(moving[0], q)
+    fcfs = q.policy[P_CODE] == POLICY_FCFS
+    if fcfs:
+        while True:  # rotate lanes back in
+            if tid == 0:
+                moving[0] = lane_to_rotate_in(q, block_size)
+            cuda.syncthreads()
+            if moving[0] < 0:
+                break
+            rotate_in(moving[0], q)
+    else:
+        rotasched_step(q, block_size)
     if tid == 0:
         for k in range(5):
             counts[k] = 0
@@ -549,7 +763,9 @@ def plan_step(q, budget, block_size):
             continue
         if lanes[s, L_ROTATED] == 1:
             cuda.atomic.add(counts, 4, 1)
-        elif lanes[s, L_CACHED] >= lanes[s, L_PROMPT]:
+        if lanes[s, L_RUNNING] == 0:
+            continue
+        if lanes[s, L_CACHED] >= lanes[s, L_PROMPT]:
             lanes[s, L_SCHED] = 1  # decoding: one token, always caught up afterwards
             cuda.atomic.add(counts, 0, 1)
             cuda.atomic.add(counts, 2,
@@ -576,8 +792,9 @@ def plan_step(q, budget, block_size):
     cuda.syncthreads()
     prompts_left = counts[1] > 0
     if tid == 0 and prompts_left:
-        schedule_prompt_chunks(lanes, counts[0], budget, counts[2] == 0 and counts[4] == 0,
-                               q.block_tables, q.free_blocks, q.free_top, block_size)
+        start_new = counts[2] == 0 and (counts[4] == 0 or not fcfs)
+        schedule_prompt_chunks(lanes, counts[0], budget, start_new, q.block_tables,
+                               q.free_blocks, q.free_top, block_size)
     cuda.syncthreads()
     n_tokens = int64(0)
     n_rows = int64(0)
@@ -613,7 +830,7 @@ def schedule_prompt_chunks(lanes, n_tokens, budget, start_new, block_tables, fre
         oldest = -1
         for s in range(S):
             if (lanes[s, L_SLOT] >= 0 and lanes[s, L_SCHED] == 0
-                    and lanes[s, L_CACHED] < lanes[s, L_PROMPT] and lanes[s, L_ROTATED] == 0
+                    and lanes[s, L_CACHED] < lanes[s, L_PROMPT] and lanes[s, L_RUNNING] == 1
                     and (start_new or lanes[s, L_CACHED] > 0)
                     and (oldest < 0 or lanes[s, L_ORDER] < lanes[oldest, L_ORDER])):
                 oldest = s
@@ -689,7 +906,8 @@ def publish(q, tokens, row_lane, R, state, output_tokens, generated, first_token
             last_token_ns, finish_reason, max_model_len, now_ns):
     """Thread per sampled row: the token into the arena, then ``generated`` (release), then the
     state; the stop rules; a finished lane gives its blocks back. Then every lane's progress.
-    Returns how many lanes are running afterwards."""
+    Returns how many lanes are in the running batch afterwards, and how many hold a request
+    outside it (waiting for a policy, or rotated out)."""
     tid = cuda.threadIdx.x
     lanes = q.lanes
     for s in range(tid, lanes.shape[0], THREADS):  # what this step cached
@@ -708,19 +926,21 @@ def publish(q, tokens, row_lane, R, state, output_tokens, generated, first_token
         lanes[lane, L_GEN] = n + 1
         lanes[lane, L_LEN] += 1
         lanes[lane, L_LAST_TOKEN] = token
+        lanes[lane, L_LAST_NS] = now_ns
         reason = stop_reason(token, lane, lanes, q.lane_stop_ids, q.eos_ids, max_model_len)
         if reason != 0:
             free_lane(lane, q)
             complete_slot(slot, reason, state, finish_reason)
-    running = cuda.shared.array(1, int32)
+    counts = cuda.shared.array(2, int32)  # lanes in the running batch, lanes outside it
     if tid == 0:
-        running[0] = 0
+        counts[0] = 0
+        counts[1] = 0
     cuda.syncthreads()
     for s in range(tid, lanes.shape[0], THREADS):
         if lanes[s, L_SLOT] >= 0:
-            cuda.atomic.add(running, 0, 1)
+            cuda.atomic.add(counts, 0 if lanes[s, L_RUNNING] == 1 else 1, 1)
     cuda.syncthreads()
-    return running[0]
+    return counts[0], counts[1]
 
 
 @cuda.jit(device=True)
@@ -771,7 +991,8 @@ def schedule_step(ring, control, scheduler, step, row_lane, vocab_size, budget, 
                         r.prompt_tokens, r.finish_reason, q.lanes, q.lane_sampling,
                         q.lane_stop_ids, q.block_tables, q.free_blocks, q.free_top, sched,
                         control, q.candidates, vocab_size, r.output_tokens.shape[1],
-                        max_model_len, block_size, budget, ring_in_device_memory):
+                        max_model_len, block_size, budget, q.policy[P_CODE] == POLICY_FCFS,
+                        ring_in_device_memory):
         if tid == 0 and sched[S_CANDIDATES] <= MAX_CANDIDATES:
             sched[S_DOORBELL_SEEN] = sched[S_DOORBELL_NOW]  # all admitted: no rescan
     cuda.syncthreads()
@@ -789,11 +1010,11 @@ def publish_step(ring, control, scheduler, tokens, row_lane, R, max_model_len):
     ``row_lane`` (R,)), then the counters the host reads."""
     r, q = ring, scheduler
     publish_start = globaltimer_ns()
-    running = publish(q, tokens, row_lane, R, r.state, r.output_tokens, r.generated,
-                      r.first_token_ns, r.last_token_ns, r.finish_reason, max_model_len,
-                      publish_start + q.sched[S_CLOCK_OFFSET])
+    running, waiting = publish(q, tokens, row_lane, R, r.state, r.output_tokens, r.generated,
+                               r.first_token_ns, r.last_token_ns, r.finish_reason,
+                               max_model_len, publish_start + q.sched[S_CLOCK_OFFSET])
     if cuda.threadIdx.x == 0:
-        count_step(q, control, running, publish_start)
+        count_step(q, control, running, waiting, publish_start)
 
 
 @cuda.jit(device=True)
@@ -848,7 +1069,7 @@ def persistent_scheduler_kernel(ring, control, model, step, scheduler, history, 
 
 
 @cuda.jit(device=True)
-def count_step(q, control, running, publish_start):
+def count_step(q, control, running, waiting, publish_start):
     """Thread 0 of block 0, after a step: the counters the host reads. Plain stores, then one
     release of the step count: a host that sees the new count sees the rest."""
     sched = q.sched
@@ -857,6 +1078,8 @@ def count_step(q, control, running, publish_start):
     sched[S_FORWARD_NS] += publish_start - sched[S_FORWARD_START]
     sched[S_PUBLISH_NS] += globaltimer_ns() - publish_start
     control[C_RUNNING] = running
+    control[C_WAITING] = waiting
+    control[C_DECISIONS] = sched[S_DECISIONS]
     control[C_FREE_BLOCKS] = q.free_top[0]
     control[C_HOST_FREE_BLOCKS] = q.host_free_top[0]
     control[C_SCAN_NS] = sched[S_SCAN_NS]

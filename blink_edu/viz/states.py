@@ -19,7 +19,8 @@ STATE_COLORS = {
 FRONTEND_COLOR, ENGINE_COLOR = "#2a9d8f", "#b5651d"
 #: The states the frontend owns; the engine owns the rest.
 FRONTEND_STATES = frozenset({"EMPTY", "FILLING", "DECODE_COMPLETED"})
-#: The engine's moves the persistent kernel makes (it admits FCFS and never pauses a slot).
+#: The engine's moves the persistent kernel makes (it never pauses a slot: a preempted request
+#: keeps its slot in its PROCESSING state, its lane says where its KV is).
 PERSISTENT_MOVES = frozenset({("PREFILL_PENDING", "PREFILL_PROCESSING"),
                               ("PREFILL_PROCESSING", "DECODE_PROCESSING"),
                               ("PREFILL_PROCESSING", "DECODE_COMPLETED"),

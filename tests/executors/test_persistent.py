@@ -116,13 +116,38 @@ def test_preempted_lanes_keep_their_tokens(weights, rng, dispatch, preemption):
         done = client.collect(slots, TIMEOUT_S)
         assert [done[s] for s in slots[:3]] == [(e, "length") for e in expected]
         assert done[slots[3]] == ([], "error")
-        stats = executor.stats()
-        assert stats["preemptions"] >= 1
-        if preemption == "rotate":
-            assert stats["rotations"] == stats["rotate_ins"] == stats["preemptions"]
-        else:
-            assert stats["rotations"] == 0
         assert_all_free(ring, executor, config)
+    stats = executor.stats()  # once stopped: the counters of the last step are out too
+    assert stats["preemptions"] >= 1
+    if preemption == "rotate":
+        assert stats["rotations"] == stats["rotate_ins"] == stats["preemptions"]
+    else:
+        assert stats["rotations"] == 0
+
+
+@pytest.mark.parametrize("dispatch", DISPATCHERS)
+def test_lvf_decides_in_the_kernel_and_keeps_the_tokens(weights, rng, dispatch):
+    """RotaSched's Largest-VLT-First inside the kernel (``policy="lvf"``): lanes beyond the
+    batch hold the requests it keeps waiting, it decides every step from the lanes' times and
+    blocks (counted), rotates out and back in under pressure, and every request still gets the
+    reference's tokens; afterwards everything is free."""
+    config = replace(TIGHT, preemption="rotate", policy="lvf")
+    prompts = [rng.integers(3, 64, size=n).tolist() for n in (11, 6, 7, 5)]
+    params = [SamplingParams(temperature=0, max_tokens=6, ignore_eos=True),
+              SamplingParams(temperature=0.9, top_k=20, seed=int(rng.integers(2**31)),
+                             max_tokens=6, ignore_eos=True),
+              SamplingParams(temperature=0, max_tokens=5, ignore_eos=True),
+              SamplingParams(temperature=0, max_tokens=4, ignore_eos=True)]
+    expected = reference.generate(weights, prompts, params, block_size=TIGHT.block_size)
+    with running(weights, dispatch=dispatch, config=config) as (ring, client, executor):
+        assert executor.num_lanes > config.max_num_seqs
+        slots = [client.submit(p, q, request_id=i) for i, (p, q) in enumerate(zip(prompts, params))]
+        done = client.collect(slots, TIMEOUT_S)
+        assert [done[s] for s in slots] == [(e, "length") for e in expected]
+        assert_all_free(ring, executor, config)
+    stats = executor.stats()  # once stopped: the counters of the last step are out too
+    assert stats["decisions"] >= 1 and stats["preemptions"] >= 1
+    assert stats["rotations"] == stats["rotate_ins"]
 
 
 @pytest.mark.skipif(not get_backend().is_simulator,
@@ -147,8 +172,8 @@ def test_a_request_cancelled_while_rotated_out_gives_its_host_blocks_back(weight
         assert done[oldest] == (expected[0], "length")
         tokens, reason = done[newest]
         assert reason == "abort" and tokens == expected[1][:len(tokens)]
-        assert executor.stats()["rotate_ins"] == 0
         assert_all_free(ring, executor, config)
+    assert executor.stats()["rotate_ins"] == 0
 
 
 def prompt_logits(weights, prompt):
@@ -324,10 +349,8 @@ def test_the_dispatcher_choice_is_checked(weights):
 
 
 @pytest.mark.parametrize("executor", ["persistent", "persistent-graph"])
-def test_a_persistent_executor_serves_a_ring_and_admits_fcfs_only(weights, executor):
+def test_a_persistent_executor_serves_a_ring_only(weights, executor):
     from blink_edu.engine.llm_engine import make_executor
 
-    with pytest.raises(ValueError, match="needs a host-driven executor"):
-        EngineConfig(executor=executor, policy="lvf")
     with pytest.raises(ValueError, match="serves a ring"):
         make_executor(executor, weights, EngineConfig(executor=executor))
