@@ -180,6 +180,7 @@ class PersistentExecutor:
         NH = (engine_config.num_host_kv_blocks or 2 * N) if engine_config.preemption == "rotate" else 0
         self._host_kv, host_kv = mapped_host_array((max(NH, 1), words), pool.dtype)  # (NH, words)
         self.num_host_kv_blocks = NH
+        self.kv_block_nbytes = words * pool.dtype.itemsize  # what one rotated block moves
         i32 = np.int32
         return dict(kv_blocks=pool.reshape(N, words), host_kv=host_kv,
                     host_tables=cuda.to_device(np.full((S, W), -1, i32)),
@@ -329,7 +330,8 @@ class PersistentExecutor:
                     preemptions=int(c[pk.C_PREEMPTIONS]), rotations=int(c[pk.C_ROTATIONS]),
                     rotate_ins=int(c[pk.C_ROTATE_INS]),
                     host_free_blocks=int(c[pk.C_HOST_FREE_BLOCKS]), waiting=int(c[pk.C_WAITING]),
-                    decisions=int(c[pk.C_DECISIONS]))
+                    decisions=int(c[pk.C_DECISIONS]), blocks_out=int(c[pk.C_BLOCKS_OUT]),
+                    blocks_in=int(c[pk.C_BLOCKS_IN]))
 
     def _destroy_graphs(self) -> None:
         if self._graphs is not None:

@@ -168,8 +168,8 @@ assert L_SLOT == LANE_SLOT  # forward_ops reads a lane's slot without importing 
 (S_STOP, S_TOKENS, S_ROWS, S_DOORBELL_SEEN, S_DOORBELL_NOW, S_ADMITTED, S_CANDIDATES,
  S_SCAN_START, S_STEPS, S_SCAN_NS, S_SCANS, S_IDLE, S_CLOCK_OFFSET, S_STEP_START,
  S_FORWARD_START, S_BEATS, S_CLAIMED, S_SCHEDULE_NS, S_FORWARD_NS, S_PUBLISH_NS,
- S_PREEMPTIONS, S_ROTATIONS, S_ROTATE_INS, S_DECISIONS) = range(24)
-NUM_SCHED_WORDS = 24
+ S_PREEMPTIONS, S_ROTATIONS, S_ROTATE_INS, S_DECISIONS, S_BLOCKS_OUT, S_BLOCKS_IN) = range(26)
+NUM_SCHED_WORDS = 26
 # policy[word]: the scheduling policy (a sched/device_policy.py POLICY_* code: FCFS is the
 # kernel's own rules) and RotaSched's parameters (sched/vlt.py's RotaSchedConfig)
 (P_CODE, P_ALPHA, P_BETA_F, P_TTFT_SLO_S, P_BETA_B, P_TBT_SLO_S, P_TRANSFER_BUDGET,
@@ -185,12 +185,13 @@ NUM_POLICY_WORDS = 9
 # tail self-relaunches, and the CUDA error of a device-side launch that failed (the kernel then
 # ends). C_PREEMPTIONS: lanes preempted so far (by recompute or rotation), C_ROTATIONS of them
 # rotated out; C_ROTATE_INS: rotated back in; C_HOST_FREE_BLOCKS: the host arena's free blocks;
-# C_WAITING: lanes holding a request outside the running batch; C_DECISIONS: a policy's decisions.
+# C_WAITING: lanes holding a request outside the running batch; C_DECISIONS: a policy's decisions;
+# C_BLOCKS_OUT, C_BLOCKS_IN: KV blocks the rotations copied to the host arena and back.
 (C_STOP, C_STEPS, C_SCAN_NS, C_SCANS, C_CLAIMED, C_RUNNING, C_FREE_BLOCKS,
  C_SCHEDULE_NS, C_FORWARD_NS, C_PUBLISH_NS, C_RELAUNCHES, C_DISPATCH_ERROR,
  C_PREEMPTIONS, C_ROTATIONS, C_ROTATE_INS, C_HOST_FREE_BLOCKS, C_WAITING,
- C_DECISIONS) = range(18)
-NUM_CONTROL_WORDS = 18
+ C_DECISIONS, C_BLOCKS_OUT, C_BLOCKS_IN) = range(20)
+NUM_CONTROL_WORDS = 20
 CANDIDATES_SHAPE = (MAX_CANDIDATES,)
 IDLE_SLEEP_NS = 2000
 
@@ -351,6 +352,7 @@ def rotate_out(lane, q):
     cuda.threadfence_system()  # the copy is in host memory before the GPU blocks are reused
     cuda.syncthreads()
     if cuda.threadIdx.x == 0:
+        q.sched[S_BLOCKS_OUT] += blocks_held(lane, q.block_tables)
         release_blocks(lane, q.block_tables, q.free_blocks, q.free_top)
         q.lanes[lane, L_ROTATED] = 1
         q.lanes[lane, L_RUNNING] = 0
@@ -397,6 +399,7 @@ def rotate_in(lane, q):
     copy_lane_blocks(lane, q.host_tables, q.host_kv, q.block_tables, q.kv_blocks)
     cuda.syncthreads()
     if cuda.threadIdx.x == 0:
+        q.sched[S_BLOCKS_IN] += blocks_held(lane, q.host_tables)
         release_blocks(lane, q.host_tables, q.host_free_blocks, q.host_free_top)
         q.lanes[lane, L_ROTATED] = 0
         q.lanes[lane, L_RUNNING] = 1
@@ -1080,6 +1083,8 @@ def count_step(q, control, running, waiting, publish_start):
     control[C_RUNNING] = running
     control[C_WAITING] = waiting
     control[C_DECISIONS] = sched[S_DECISIONS]
+    control[C_BLOCKS_OUT] = sched[S_BLOCKS_OUT]
+    control[C_BLOCKS_IN] = sched[S_BLOCKS_IN]
     control[C_FREE_BLOCKS] = q.free_top[0]
     control[C_HOST_FREE_BLOCKS] = q.host_free_top[0]
     control[C_SCAN_NS] = sched[S_SCAN_NS]

@@ -121,6 +121,7 @@ def test_preempted_lanes_keep_their_tokens(weights, rng, dispatch, preemption):
     assert stats["preemptions"] >= 1
     if preemption == "rotate":
         assert stats["rotations"] == stats["rotate_ins"] == stats["preemptions"]
+        assert stats["blocks_out"] == stats["blocks_in"] >= stats["rotations"]
     else:
         assert stats["rotations"] == 0
 
@@ -148,6 +149,7 @@ def test_lvf_decides_in_the_kernel_and_keeps_the_tokens(weights, rng, dispatch):
     stats = executor.stats()  # once stopped: the counters of the last step are out too
     assert stats["decisions"] >= 1 and stats["preemptions"] >= 1
     assert stats["rotations"] == stats["rotate_ins"]
+    assert stats["blocks_out"] == stats["blocks_in"] >= stats["rotations"]
 
 
 @pytest.mark.skipif(not get_backend().is_simulator,
