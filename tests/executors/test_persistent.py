@@ -286,15 +286,19 @@ def test_stop_rules_and_a_bad_payload(weights, rng):
         assert_all_free(ring, executor)
 
 
+@pytest.mark.parametrize("config", [CONFIG, replace(TIGHT, policy="lvf", preemption="rotate")],
+                         ids=["fcfs", "lvf-tight"])
 @settings(max_examples=3, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(data=st.data())
-def test_frontend_threads_submit_and_cancel(weights, data):
+def test_frontend_threads_submit_and_cancel(weights, config, data):
+    """Under FCFS with room to spare, and under LVF on a pool too small for every request (a
+    cancel may then find its request running, waiting in a lane or rotated out)."""
     n_threads = 3
     jobs = [[(data.draw(st.lists(st.integers(3, 63), min_size=1, max_size=9)),
               data.draw(st.integers(1, 4)), data.draw(st.booleans()))
              for _ in range(2)] for _ in range(n_threads)]
     results: dict[tuple[int, int], tuple] = {}
-    with running(weights) as (ring, client, executor):
+    with running(weights, config=config) as (ring, client, executor):
         def frontend(t):
             for j, (prompt, max_tokens, cancel) in enumerate(jobs[t]):
                 slot = client.submit(prompt, SamplingParams(temperature=0, max_tokens=max_tokens,
@@ -309,7 +313,7 @@ def test_frontend_threads_submit_and_cancel(weights, data):
         for th in threads:
             th.join()
         assert executor.stats()["claimed"] == n_threads * 2  # each submission claimed exactly once
-        assert_all_free(ring, executor)
+        assert_all_free(ring, executor, config)
     for (t, j), (tokens, reason) in results.items():
         prompt, max_tokens, cancel = jobs[t][j]
         full = reference.generate(weights, [prompt], SamplingParams(
