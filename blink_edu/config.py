@@ -368,8 +368,9 @@ def resolve_executor(name: str, policy: str = "fcfs", *, serves_ring: bool = Fal
     server) under FCFS, and otherwise the CUDA-graph executor -- ``LLMEngine`` drives each step
     from the host. (The persistent kernel runs the other policies too, RotaSched's decisions
     made on the device, when asked for by name: ``--executor persistent --policy lvf``.) Any
-    other name is returned as it is. ``on_gpu`` answers "is there a GPU?" for a process that must not ask the backend
-    (the server's frontend: ``backend.will_use_gpu``); by default the backend is asked."""
+    other name is returned as it is. ``on_gpu`` answers "is there a GPU?" for a process that
+    must not ask the backend (the server's frontend: ``backend.will_use_gpu``); by default the
+    backend is asked."""
     if name != "auto":
         return name
     if on_gpu is None:

@@ -89,14 +89,17 @@ def policy_words(policy: str, max_num_seqs: int,
 
 class PersistentExecutor:
     """The persistent scheduler kernel serving ``ring`` (see the module docstring).
-    ``eos_token_ids``: ids that finish a request unless it sets ``ignore_eos``."""
+    ``eos_token_ids``: ids that finish a request unless it sets ``ignore_eos``; ``rotasched``:
+    the SLOs, transfer budget and decision interval a RotaSched policy decides with (default:
+    the paper's, as the host engine's ``make_policy``)."""
 
     name = "persistent"
     DISPATCHERS = ("inline", "graph")
 
     def __init__(self, weights: ModelWeights, engine_config: EngineConfig, ring: Ring,
                  eos_token_ids=(), weight_dtype=np.float32, max_model_len: int | None = None,
-                 grid_blocks: int | None = None, dispatch: str = "inline"):
+                 grid_blocks: int | None = None, dispatch: str = "inline",
+                 rotasched: RotaSchedConfig | None = None):
         cfg = self.config = weights.config
         self.backend = get_backend()
         if dispatch not in self.DISPATCHERS:
@@ -141,7 +144,7 @@ class PersistentExecutor:
             free_top=cuda.to_device(np.array([N], i32)),
             sched=cuda.to_device(self._initial_sched()),
             candidates=cuda.device_array(pk.MAX_CANDIDATES, i32),
-            policy=cuda.to_device(policy_words(self.policy, S)),
+            policy=cuda.to_device(policy_words(self.policy, S, rotasched or RotaSchedConfig())),
             decide_ints=cuda.device_array((8, L), i32),  # (8, L) the policy's view, answers
             decide_floats=cuda.device_array((4, L), np.float64),  # (4, L) its times, seconds
             **self._host_arena(engine_config, L, W))
@@ -177,7 +180,8 @@ class PersistentExecutor:
         by recompute), each lane's host blocks and the arena's free stack."""
         pool = self.model.kv_pool  # (N, L, 2, B, K, E)
         N, words = pool.shape[0], int(np.prod(pool.shape[1:]))
-        NH = (engine_config.num_host_kv_blocks or 2 * N) if engine_config.preemption == "rotate" else 0
+        rotates = engine_config.preemption == "rotate"
+        NH = (engine_config.num_host_kv_blocks or 2 * N) if rotates else 0
         self._host_kv, host_kv = mapped_host_array((max(NH, 1), words), pool.dtype)  # (NH, words)
         self.num_host_kv_blocks = NH
         self.kv_block_nbytes = words * pool.dtype.itemsize  # what one rotated block moves

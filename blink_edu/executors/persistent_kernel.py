@@ -377,7 +377,9 @@ def lane_to_rotate_in(q, block_size):
                 oldest = s
         elif lanes[s, L_CACHED] >= lanes[s, L_PROMPT]:
             reserve += blocks_missing(s, 1, lanes, q.block_tables, block_size)
-    if oldest < 0 or (lanes[oldest, L_LEN] + block_size - 1) // block_size + reserve > q.free_top[0]:
+    if oldest < 0:
+        return -1
+    if (lanes[oldest, L_LEN] + block_size - 1) // block_size + reserve > q.free_top[0]:
         return -1
     take_blocks_to_rotate_in(oldest, q)
     return oldest

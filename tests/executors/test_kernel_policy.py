@@ -21,7 +21,7 @@ from blink_edu.executors import persistent_kernel as pk
 from blink_edu.executors.persistent import policy_words
 from blink_edu.kernels.reduce import THREADS, cuda
 from blink_edu.sched.policies import RequestView, StepView, make_policy
-from blink_edu.sched.vlt import ROTARY, RUNNING, WAITING
+from blink_edu.sched.vlt import ROTARY, RUNNING, WAITING, RotaSchedConfig
 
 B, W, LANES, MAX_RUNNING = 4, 8, 8, 3  # block size, block-table width, lanes, batch limit
 NOW_NS = 50 * 10**9  # the kernel's clock at the decision (host monotonic ns)
@@ -112,9 +112,15 @@ def host_view(lanes, tables, host_tables, free) -> StepView:
                     max_num_seqs=MAX_RUNNING)
 
 
-def check_policy(name, drawn):
+# RotaSched's parameters, drawn (SLOs at the scale of the drawn times: seconds)
+configs = st.builds(RotaSchedConfig, alpha=st.floats(1.0, 5.0), beta_f=st.floats(0.0, 1.0),
+                    beta_b=st.floats(0.0, 2.0), ttft_slo_s=st.floats(1.0, 8.0),
+                    tbt_slo_s=st.floats(0.02, 0.3), transfer_budget_blocks=st.integers(0, 30))
+
+
+def check_policy(name, drawn, config):
     lanes, tables, host_tables, free = drawn
-    q = scheduler_state(lanes, tables, host_tables, free, policy_words(name, MAX_RUNNING))
+    q = scheduler_state(lanes, tables, host_tables, free, policy_words(name, MAX_RUNNING, config))
     answer = cuda.to_device(np.zeros(3, np.int32))
     describe_and_decide_kernel[1, THREADS](q, B, NOW_NS, answer)
     num_admitted, num_preempted, n = answer.copy_to_host()
@@ -128,7 +134,7 @@ def check_policy(name, drawn):
     for got, want in zip(listed, view.requests):  # the same numbers (NaN: the same "not yet")
         assert np.array_equal(np.array(got, float), np.array(want, float), equal_nan=True), \
             f"{got} != {want}"
-    decision = make_policy(name).decide(view)
+    decision = make_policy(name, config).decide(view)
     lane_of = ints[pk.D_LANE]
     assert [int(lane_of[i]) for i in ints[pk.D_ADMIT, :num_admitted]] == list(decision.admit)
     assert ([int(lane_of[i]) for i in ints[pk.D_PREEMPT, :num_preempted]]
@@ -141,9 +147,9 @@ def test_the_kernel_lists_its_lanes_and_decides_as_the_host_engine():
         answers = []
 
         @settings(max_examples=40, deadline=None)
-        @given(drawn=lane_sets())
-        def check(drawn):
-            answers.append(check_policy(name, drawn))
+        @given(drawn=lane_sets(), config=configs)
+        def check(drawn, config):
+            answers.append(check_policy(name, drawn, config))
 
         check()
         # the draws were not all trivial: some decisions admitted, some preempted
