@@ -297,7 +297,7 @@ def grow_decodes_oldest_first(q, block_size, counts):
     holds blocks is preempted (maybe the asker itself, which then runs nothing this step).
     ``counts[0]`` (decodes this step) loses the decodes preempted; ``counts[2]`` becomes 1.
     Returns -1 when done, or a victim to rotate out (its host blocks reserved): the caller's
-    threads copy it out (``rotate_out``) and call again."""
+    threads copy it out (``rotate``) and call again."""
     lanes, block_tables = q.lanes, q.block_tables
     while True:
         asker = -1
@@ -345,19 +345,29 @@ def copy_lane_blocks(lane, src_tables, src, dst_tables, dst):
 
 
 @cuda.jit(device=True)
-def rotate_out(lane, q):
-    """Block 0, every thread: copy ``lane``'s KV into its reserved host blocks; then thread 0
-    gives its GPU blocks back. It keeps its lane and its tokens (L_ROTATED)."""
-    copy_lane_blocks(lane, q.block_tables, q.kv_blocks, q.host_tables, q.host_kv)
-    cuda.threadfence_system()  # the copy is in host memory before the GPU blocks are reused
+def rotate(lane, q, out):
+    """Block 0, every thread: copy ``lane``'s KV to the host blocks reserved for it (``out``)
+    or back into the GPU blocks taken for it; then thread 0 gives the blocks it left back to
+    their free stack. Out, it keeps its lane and its tokens (L_ROTATED); in, it runs on from
+    where it stopped."""
+    if out:
+        copy_lane_blocks(lane, q.block_tables, q.kv_blocks, q.host_tables, q.host_kv)
+        cuda.threadfence_system()  # the copy is in host memory before the GPU blocks are reused
+    else:
+        copy_lane_blocks(lane, q.host_tables, q.host_kv, q.block_tables, q.kv_blocks)
     cuda.syncthreads()
     if cuda.threadIdx.x == 0:
-        q.sched[S_BLOCKS_OUT] += blocks_held(lane, q.block_tables)
-        release_blocks(lane, q.block_tables, q.free_blocks, q.free_top)
-        q.lanes[lane, L_ROTATED] = 1
-        q.lanes[lane, L_RUNNING] = 0
-        q.sched[S_PREEMPTIONS] += 1
-        q.sched[S_ROTATIONS] += 1
+        left = q.block_tables if out else q.host_tables
+        q.sched[S_BLOCKS_OUT if out else S_BLOCKS_IN] += blocks_held(lane, left)
+        if out:
+            release_blocks(lane, left, q.free_blocks, q.free_top)
+        else:
+            release_blocks(lane, left, q.host_free_blocks, q.host_free_top)
+        q.lanes[lane, L_ROTATED] = 1 if out else 0
+        q.lanes[lane, L_RUNNING] = 0 if out else 1
+        q.sched[S_ROTATIONS if out else S_ROTATE_INS] += 1
+        if out:
+            q.sched[S_PREEMPTIONS] += 1
     cuda.syncthreads()
 
 
@@ -392,21 +402,6 @@ def take_blocks_to_rotate_in(lane, q):
     for j in range(blocks_held(lane, q.host_tables)):
         q.free_top[0] -= 1
         q.block_tables[lane, j] = q.free_blocks[q.free_top[0]]
-
-
-@cuda.jit(device=True)
-def rotate_in(lane, q):
-    """Block 0, every thread: copy ``lane``'s KV back from the host arena into the GPU blocks
-    ``lane_to_rotate_in`` took; then thread 0 frees its host blocks. It runs on from here."""
-    copy_lane_blocks(lane, q.host_tables, q.host_kv, q.block_tables, q.kv_blocks)
-    cuda.syncthreads()
-    if cuda.threadIdx.x == 0:
-        q.sched[S_BLOCKS_IN] += blocks_held(lane, q.host_tables)
-        release_blocks(lane, q.host_tables, q.host_free_blocks, q.host_free_top)
-        q.lanes[lane, L_ROTATED] = 0
-        q.lanes[lane, L_RUNNING] = 1
-        q.sched[S_ROTATE_INS] += 1
-    cuda.syncthreads()
 
 
 # --- RotaSched in the kernel: a policy decides who runs (policy other than FCFS) -----------------
@@ -555,7 +550,7 @@ def rotasched_step(q, block_size):
             moving[0] = policy_victim(ints[D_LANE, ints[D_PREEMPT, k]], q)
         cuda.syncthreads()
         if moving[0] >= 0:
-            rotate_out(moving[0], q)
+            rotate(moving[0], q, True)
         cuda.syncthreads()
     for k in range(answer[0]):
         if tid == 0:
@@ -564,7 +559,7 @@ def rotasched_step(q, block_size):
         if moving[0] == NO_ROOM:
             break
         if moving[0] >= 0:
-            rotate_in(moving[0], q)
+            rotate(moving[0], q, False)
         cuda.syncthreads()
     cuda.syncthreads()
 
@@ -754,7 +749,7 @@ def plan_step(q, budget, block_size):
             cuda.syncthreads()
             if moving[0] < 0:
                 break
-            rotate_in(moving[0], q)
+            rotate(moving[0], q, False)
     else:
         rotasched_step(q, block_size)
     if tid == 0:
@@ -793,7 +788,7 @@ def plan_step(q, budget, block_size):
             cuda.syncthreads()
             if moving[0] < 0:
                 break
-            rotate_out(moving[0], q)
+            rotate(moving[0], q, True)
     cuda.syncthreads()
     prompts_left = counts[1] > 0
     if tid == 0 and prompts_left:
