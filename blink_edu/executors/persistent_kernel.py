@@ -234,6 +234,15 @@ def release_blocks(lane, tables, free_blocks, free_top):
 
 
 @cuda.jit(device=True)
+def take_prefix(lane, n, tables, free_blocks, free_top):
+    """Thread 0: pop ``n`` blocks off a free stack (the GPU pool's or the host arena's) into the
+    first ``n`` entries of ``lane``'s row of ``tables`` (the caller made sure it holds them)."""
+    for j in range(n):
+        free_top[0] -= 1
+        tables[lane, j] = free_blocks[free_top[0]]
+
+
+@cuda.jit(device=True)
 def free_lane(lane, q):
     """Give a lane's KV blocks (on the GPU and in the host arena) back and empty the lane."""
     release_blocks(lane, q.block_tables, q.free_blocks, q.free_top)
@@ -327,9 +336,7 @@ def reserve_host_blocks(lane, q):
     n = blocks_held(lane, q.block_tables)
     if n > q.host_free_top[0]:
         return False
-    for j in range(n):
-        q.host_free_top[0] -= 1
-        q.host_tables[lane, j] = q.host_free_blocks[q.host_free_top[0]]
+    take_prefix(lane, n, q.host_tables, q.host_free_blocks, q.host_free_top)
     return True
 
 
@@ -399,9 +406,7 @@ def lane_to_rotate_in(q, block_size):
 def take_blocks_to_rotate_in(lane, q):
     """Thread 0: GPU blocks for each host block of a rotated-out ``lane`` (the caller made sure
     the stack holds them)."""
-    for j in range(blocks_held(lane, q.host_tables)):
-        q.free_top[0] -= 1
-        q.block_tables[lane, j] = q.free_blocks[q.free_top[0]]
+    take_prefix(lane, blocks_held(lane, q.host_tables), q.block_tables, q.free_blocks, q.free_top)
 
 
 # --- RotaSched in the kernel: a policy decides who runs (policy other than FCFS) -----------------
