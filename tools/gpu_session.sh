@@ -13,6 +13,7 @@
 #   BLINK_EDU_COMMIT=<sha> bash tools/gpu_session.sh attention  # the prompt attention tile, compared
 #   BLINK_EDU_COMMIT=<sha> bash tools/gpu_session.sh tile       # the tensor-core tile: variants, stalls
 #   BLINK_EDU_COMMIT=<sha> bash tools/gpu_session.sh quick      # TPOT b1 / b64 and prefill, graph only
+#   BLINK_EDU_COMMIT=<sha> bash tools/gpu_session.sh rotasched  # RotaSched on the persistent kernel, CPU hog
 # The server's packages (fastapi, starlette, uvicorn, pydantic and their needs) are not on the GPU
 # machine: fetch them here as cp312 wheels into .whl/ (git-ignored) and carry .whl with the call:
 #   python3 -m pip download --no-deps --only-binary=:all: --python-version 3.12 \
@@ -52,6 +53,13 @@ timeout 150 python3 -m blink_edu.bench.serve --start-server --single-stream \
 cp bench/results/slo.json "$OUT/slo.json"  # --real merges into the simulator's results
 timeout 420 python3 -m blink_edu.bench.slo --real --executor graph --rates auto --num-requests 200 \
   --policies fcfs,lvf,waiting-first,swapped-first --out "$OUT" --no-progress 2>&1 | tail -12
+;;
+rotasched)  # both papers in one kernel: bench.slo --real on the graph executor and the persistent kernel
+           # (inline dispatch), the same plan and workload, LVF again beside a CPU hog (a call of its own)
+cp bench/results/slo.json "$OUT/slo.json"  # --real merges into the simulator's results
+timeout 570 python3 -m blink_edu.bench.slo --real --executor graph,${EXECUTORS:-persistent} --hog \
+  --rates auto --num-requests 200 --policies fcfs,lvf --out "$OUT" --no-progress 2>&1 \
+  | grep -v "^  sim: \|[Ww]arn" | tee "$OUT/slo_rotasched.log" | tail -30
 ;;
 attention)  # the prompt attention tile: chunk sizes 16 / 32 / 64 against the per-token path; decode
             # batches on the per-token path, split over spans of 64 / 128 positions or not; then Nsight
@@ -96,5 +104,5 @@ quick)  # after a kernel change: the 135M shape's TPOT at batch 1 and 64 and its
 timeout 200 python3 -m blink_edu.bench.decode --batches 1,64 --steps 16 --models 135m --skip-hf \
   --peers '' --executors graph --out "$OUT" 2>&1 | grep -E '"(tpot_us_135m_b|prefill_ms_135m)'
 ;;
-*) echo "usage: $0 tests|kernels|decode|serving|attention|profile|tile|quick" >&2; exit 2 ;;
+*) echo "usage: $0 tests|kernels|decode|serving|rotasched|attention|profile|tile|quick" >&2; exit 2 ;;
 esac

@@ -40,6 +40,7 @@ from ..model.bundled import resolve_model_dir
 from ..model.weights import load_weights
 from ..ring import Ring, RingClient, RingLayout
 from .cli import bench_parser
+from .hog import CpuHog
 from .results import print_table, write_results
 
 LAYOUT = RingLayout(num_slots=4096, max_prompt_tokens=256, max_output_tokens=256)
@@ -138,37 +139,6 @@ def summarize(rows: list[dict]) -> dict:
                 tpot_us=statistics.median(r["tpot_us"] for r in rows),
                 claim_us_median=statistics.median(r["claim_us"] for r in rows),
                 claim_us_p99=percentile([r["claim_us"] for r in rows], 99))
-
-
-def _hog(deadline: float) -> None:
-    x = 0
-    while time.time() < deadline:
-        x = (x * 1103515245 + 12345) & 0xFFFFFFFF
-
-
-class CpuHog:
-    """One busy process per core in ``cpus``, for at most ``seconds``."""
-
-    def __init__(self, cpus, seconds: float):
-        ctx = multiprocessing.get_context("fork")
-        self.procs = [ctx.Process(target=_pinned_hog, args=(cpu, time.time() + seconds), daemon=True)
-                      for cpu in cpus]
-
-    def __enter__(self):
-        for p in self.procs:
-            p.start()
-        time.sleep(0.5)
-        return self
-
-    def __exit__(self, *exc):
-        for p in self.procs:
-            p.kill()
-            p.join()
-
-
-def _pinned_hog(cpu, deadline):
-    os.sched_setaffinity(0, {cpu})
-    _hog(deadline)
 
 
 def process_state(pid: int) -> str:

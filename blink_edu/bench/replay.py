@@ -15,6 +15,7 @@ charges for a step.
 from __future__ import annotations
 
 import gc
+import resource
 import time
 from dataclasses import dataclass, field
 
@@ -76,6 +77,19 @@ class BatchRecorder:
         return sampled
 
 
+def cpu_seconds() -> float:
+    """User + system CPU time of this process so far (all its threads; not its children)."""
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
+
+
+def host_share(cpu_s: float, requests: list[MeasuredRequest]) -> dict:
+    """The host's CPU time over a replay, and per token generated."""
+    tokens = sum(len(r.token_times) for r in requests)
+    return {"host_cpu_s": cpu_s, "tokens": tokens,
+            "host_cpu_us_per_token": cpu_s * 1e6 / tokens if tokens else None}
+
+
 def requests_moved(scheduler) -> int:
     """Every request the scheduler moved so far, each move once (the simulator's ``moves``)."""
     return scheduler.num_recomputes + scheduler.num_rotations + scheduler.num_rotate_ins
@@ -86,7 +100,8 @@ def replay(engine: LLMEngine, recorder: BatchRecorder, workload: list[RequestSpe
     """Replay ``workload`` on ``engine`` (fresh, built over ``recorder``) in real time: each
     request is added when its arrival time comes, with a random prompt from ``rng``; per request
     its token times (seconds from the start), per iteration that ran the model an
-    ``Iteration``."""
+    ``Iteration``; and the host's CPU time per token (``host_share``: here the whole engine
+    loop is the host's)."""
     gc.collect()  # the last replay's engine and books: collected now, not in this one's steps
     sched = engine.scheduler
     vocab = engine.weights.config.vocab_size
@@ -97,6 +112,7 @@ def replay(engine: LLMEngine, recorder: BatchRecorder, workload: list[RequestSpe
     unclosed = None  # the last iteration that ran the model: (tokens, context, seqs,
     #                  model_seconds, moved, decided, mirrored, its start)
     mirrored = int(sched.rotation is not None)
+    cpu_before = cpu_seconds()
     start, engine_start = time.perf_counter(), time.monotonic()  # (the engine's clock)
     while pending or engine.has_unfinished():
         began = time.perf_counter()
@@ -118,12 +134,13 @@ def replay(engine: LLMEngine, recorder: BatchRecorder, workload: list[RequestSpe
             decided = int(sched.last_decision is not None)
             unclosed = (*recorder.batches[-1], requests_moved(sched) - moved_before, decided,
                         mirrored, began)
+    cpu_s = cpu_seconds() - cpu_before
     if unclosed is not None:
         iterations.append(closed(unclosed, time.perf_counter()))
     counts = {"recomputes": sched.num_recomputes, "rotations": sched.num_rotations,
               "rotate_ins": sched.num_rotate_ins, "moved": requests_moved(sched),
               "preemptions": sched.num_recomputes + sched.num_rotations,  # as the simulator's
-              "steps": engine.stats().num_steps}
+              "steps": engine.stats().num_steps, **host_share(cpu_s, list(measured.values()))}
     return Replay(list(measured.values()), iterations, counts)
 
 

@@ -17,7 +17,13 @@ request done within ``drain_s`` of the last arrival; see ``sim.sweep.headline``)
 pool small enough to force rotation, the step-time model calibrated on this machine) and the
 simulator's prediction of the same run beside it; it adds ``raw["real"]`` and
 ``sim_vs_real_error`` to ``slo.json``, keeping the simulator part already there. Each part keeps
-the machine and commit it was measured at (``sections``; ``results.py``).
+the machine and commit it was measured at (``sections``; ``results.py``). On a GPU,
+``--executor graph,persistent`` also replays the same workload, on the same plan, through a ring to
+the persistent kernel, whose RotaSched decisions and rotations happen on the GPU, and ``--hog``
+replays LVF again on every executor beside a CPU hog (``slo_ring.py``: ``raw["real_executors"]``,
+``persistent_lvf_minus_fcfs_*``, ``*_lvf_hog_*_loss_pts``, ``host_cpu_us_per_token_*``):
+
+    python -m blink_edu.bench.slo --real --executor graph,persistent --hog --rates auto
 """
 
 from __future__ import annotations
@@ -37,10 +43,20 @@ COLUMNS = ["rate", "policy", "ttft_attainment_pct", "tbt_attainment_pct", "p99_t
            "p99_tbt_ms", "median_tpot_ms", "preemptions", "finished", "completed"]
 
 
+#: summary keys of the real-engine part besides ``real_*``: slo_ring.summary's
+RING_KEY_PREFIXES = ("persistent", "graph_", "eager_", "reference_", "host_cpu_us_per_token_")
+
+
 def is_real_key(key: str) -> bool:
     """Whether ``slo.json``'s summary ``key`` belongs to the real-engine part (``--real``
     writes them all anew; ``--sim`` keeps them)."""
-    return key.startswith(("real_", "sim_vs_real")) or key == "iteration_model_error"
+    return (key.startswith(("real_", "sim_vs_real", *RING_KEY_PREFIXES))
+            or key == "iteration_model_error")
+
+
+def is_real_part(key: str) -> bool:
+    """Whether ``slo.json``'s raw ``key`` is the real-engine part's ("real", "real_executors")."""
+    return key.startswith("real")
 
 
 def run_real(args) -> dict:
@@ -49,7 +65,8 @@ def run_real(args) -> dict:
     cfg, raw, summary = run_real_experiment(args.real_run)
     previous = read_results("slo", args.out)
     config = {**previous.get("config", {}), "real": cfg}
-    merged_raw = {**previous.get("raw", {}), "real": raw}
+    merged_raw = {**{k: v for k, v in previous.get("raw", {}).items() if not is_real_part(k)},
+                  **raw}
     kept = {k: v for k, v in previous.get("summary", {}).items() if not is_real_key(k)}
     sections = {"real": provenance()}
     if "sim" in previous.get("raw", {}):  # the simulator's part, measured by an earlier run
@@ -106,7 +123,8 @@ def run_sim(args) -> dict:
     raw = {"sim": {p: {str(r): s for r, s in d.items()} for p, d in results.items()}}
     sections = {"sim": provenance()}
     if "real" in previous.get("raw", {}):
-        raw["real"], cfg["real"] = previous["raw"]["real"], previous["config"].get("real")
+        raw.update({k: v for k, v in previous["raw"].items() if is_real_part(k)})
+        cfg["real"] = previous["config"].get("real")
         sections["real"] = section_provenance(previous, "real")
     path = write_results("slo", cfg, raw, summary, out_dir, sections)
     print(f"headline (rate {summary.get('headline_rate')}): LVF - FCFS TTFT attainment "
@@ -165,7 +183,13 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--seed", type=int, default=0, help="the workload's seed")
     ap.add_argument("--no-plot", action="store_true", help="no slo_attainment.png")
     ap.add_argument("--executor", default=None,
-                    help="--real: reference (CPU) or graph (GPU); default: the backend's")
+                    help="--real: reference (CPU) or graph (GPU), default: the backend's; on a "
+                         "GPU also persistent and persistent-graph, comma-separated (e.g. "
+                         "graph,persistent): the persistent kernels replay the same workload "
+                         "through a ring, on the plan calibrated on the host-driven executor")
+    ap.add_argument("--hog", action="store_true", default=None,
+                    help="--real: replay LVF again on every executor beside a CPU hog on every "
+                         "core but the frontend's")
     ap.add_argument("--kv-blocks", type=positive_int, default=384,
                     help="--real: the engine's KV pool (16-token blocks; 384 hold ~27 requests "
                          "of mean length)")
@@ -191,6 +215,8 @@ def parse_args(argv=None) -> argparse.Namespace:
         ap.error("--rates auto is for --real (the simulator picks the real run's rates)")
     if args.sim and args.transfer_budget is not None:
         ap.error("--transfer-budget is for --real (--sim runs the preset's B_xfer)")
+    if args.sim and args.hog:
+        ap.error("--hog is for --real")
     if args.sim and args.decision_interval is not None:
         ap.error("--decision-interval is for --real (--sim decides every iteration, as the "
                  "paper)")

@@ -61,7 +61,7 @@ from dataclasses import asdict, dataclass, replace
 
 import numpy as np
 
-from ..config import EngineConfig, resolve_executor
+from ..config import PERSISTENT_EXECUTORS, EngineConfig, resolve_executor
 from ..executors.protocol import Executor
 from ..engine.llm_engine import LLMEngine, make_executor
 from ..kv.block_manager import blocks_needed
@@ -76,7 +76,7 @@ from ..sim.metrics import score
 from ..sim.presets import PCIE_H200, Preset, qwen_gh200
 from ..sim.simulator import simulate
 from ..sim.workload import LengthModel, RequestSpec, poisson_workload
-from . import slo_plan
+from . import slo_plan, slo_ring
 from .replay import BatchRecorder, Replay, replay
 
 #: Long enough outputs for rotation to pay (a request rotated out keeps its KV, one recomputed
@@ -97,6 +97,10 @@ class RealRunConfig:
     (``slo_plan``); ``calibration_requests`` None: ``slo_plan.calibration_burst_size``."""
 
     executor: str  # reference | eager | graph (never auto: resolved by from_args)
+    # the persistent kernels measured beside it on the same plan (slo_ring.py): persistent,
+    # persistent-graph
+    ring_executors: tuple[str, ...] = ()
+    hog: bool = False  # LVF replayed again beside a CPU hog, on every executor (slo_ring.py)
     kv_blocks: int = 384
     max_num_seqs: int = 64
     rates: tuple[float, ...] | str = (12.0, 24.0)
@@ -111,6 +115,11 @@ class RealRunConfig:
         if self.kv_blocks < blocks_for_longest_request():
             raise ValueError(f"--kv-blocks {self.kv_blocks}: the workload's longest request "
                              f"needs {blocks_for_longest_request()} blocks of {BLOCK_SIZE} tokens")
+        if self.executor in PERSISTENT_EXECUTORS or any(
+                name not in PERSISTENT_EXECUTORS for name in self.ring_executors):
+            raise ValueError(f"executor {self.executor!r} with {list(self.ring_executors)}: the "
+                             f"host-driven one calibrates, the persistent ones "
+                             f"({', '.join(PERSISTENT_EXECUTORS)}) are measured beside it")
         unknown = [p for p in self.policies if p not in POLICIES]
         if unknown:
             raise ValueError(f"unknown policies {unknown}; choose from {', '.join(POLICIES)}")
@@ -121,15 +130,30 @@ class RealRunConfig:
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> RealRunConfig:
         """From ``bench.slo``'s flags (or a diagnostic's); a flag left out, or None, keeps the
-        default above."""
+        default above. ``--executor`` is a comma-separated list: at most one host-driven
+        executor (reference, eager, graph, auto), and persistent kernels -- which need a GPU and
+        a host-driven executor to calibrate on (the graph one when none is named)."""
         given = {name: getattr(args, name, None) for name in (
             "kv_blocks", "max_num_seqs", "num_requests", "seed", "calibration_requests",
-            "transfer_budget", "decision_interval", "rates", "policies")}
+            "transfer_budget", "decision_interval", "rates", "policies", "hog")}
         given = {name: value for name, value in given.items() if value is not None}
         for name in ("rates", "policies"):
             if name in given and given[name] != "auto":
                 given[name] = tuple(given[name])
-        return cls(executor=resolve_executor(getattr(args, "executor", None) or "auto"), **given)
+        names = (getattr(args, "executor", None) or "auto").split(",")
+        ring = tuple(name for name in names if name in PERSISTENT_EXECUTORS)
+        host = [name for name in names if name not in PERSISTENT_EXECUTORS]
+        if len(host) > 1:
+            raise ValueError(f"--executor {','.join(names)}: one host-driven executor at most")
+        if ring:
+            from ..backend import get_backend
+
+            if get_backend().is_simulator:
+                raise ValueError(f"--executor {','.join(ring)} needs a GPU: Numba's simulator "
+                                 f"runs the persistent kernel for tests, far too slowly for "
+                                 f"this experiment")
+        return cls(executor=resolve_executor(host[0] if host else "graph" if ring else "auto"),
+                   ring_executors=ring, **given)
 
     @property
     def auto_plan(self) -> bool:
@@ -335,18 +359,48 @@ def plan(bench: Bench, preset: Preset, cal: Calibration,
 
 
 def measure(bench: Bench, preset: Preset, cal: Calibration, config: RotaSchedConfig,
-            rate: float, policy: str, workload: list[RequestSpec]) -> dict:
-    """One policy at one rate: replayed on the engine and simulated, scored alike."""
-    run = bench.replay(policy, config, workload)
+            rate: float, policy: str, workload: list[RequestSpec],
+            cores: slo_ring.Cores | None = None) -> dict:
+    """One policy at one rate: replayed on the engine (its loop on ``cores.others`` when
+    placed: ``slo_ring.replay_host_loop``) and simulated, scored alike."""
     priced = cal.priced(preset, policy)
-    real = {**score(run.requests, config.ttft_slo_s, config.tbt_slo_s), **run.counts,
-            **iteration_fit(run.iterations, priced.cost)}
+    real = measured(slo_ring.replay_host_loop(bench, policy, config, workload, cores, False),
+                    config, priced.cost)
     sim_result = simulate(priced, make_policy(policy, config), workload)
     sim = {**score(sim_result.requests, config.ttft_slo_s, config.tbt_slo_s),
            "preemptions": sum(r.num_preemptions for r in sim_result.requests),
            "steps": sim_result.steps}
     err = {k: relative_error(sim[k], real[k]) for k in PREDICTED + MEDIANS}
     return {"real": real, "sim": sim, "sim_rel_error": err}
+
+
+def measured(run: Replay, config: RotaSchedConfig, cost) -> dict:
+    """A replay on the host-driven engine, scored, with its counts and its iterations against
+    the cost model ``cost``."""
+    return {**score(run.requests, config.ttft_slo_s, config.tbt_slo_s), **run.counts,
+            **iteration_fit(run.iterations, cost)}
+
+
+def measure_beside(bench: Bench, cal: Calibration, preset: Preset, config: RotaSchedConfig,
+                   rate: float, policy: str, workload: list[RequestSpec],
+                   cores: slo_ring.Cores | None, executors: dict, started: float) -> None:
+    """The rows of ``slo_ring.py`` at one rate and policy, into ``executors`` (executor ->
+    "quiet"/"hog" -> policy -> rate -> row): LVF on the host-driven engine beside the hog
+    (its quiet row is ``measure``'s); every persistent kernel quiet, and LVF again beside the
+    hog."""
+    run = bench.run
+    hogged = run.hog and policy in slo_ring.HOG_POLICIES
+    if hogged:
+        row = measured(slo_ring.replay_host_loop(bench, policy, config, workload, cores, True),
+                       config, cal.priced(preset, policy).cost)
+        executors[run.executor]["hog"].setdefault(policy, {})[str(rate)] = row
+        slo_ring.print_row(time.perf_counter() - started, rate, run.executor, policy, True, row)
+    engine = engine_config(run, policy, max(len(workload), run.num_requests))
+    for name in run.ring_executors:
+        for hog in (False, True) if hogged else (False,):
+            row = slo_ring.replay_persistent(bench, name, engine, config, workload, cores, hog)
+            executors[name]["hog" if hog else "quiet"].setdefault(policy, {})[str(rate)] = row
+            slo_ring.print_row(time.perf_counter() - started, rate, name, policy, hog, row)
 
 
 def calibrated_bench(run: RealRunConfig) -> tuple[Bench, Calibration, RotaSchedConfig]:
@@ -384,7 +438,9 @@ def diagnostic_parser(prog: str, doc: str, **defaults) -> argparse.ArgumentParse
 
 
 def run_real_experiment(run: RealRunConfig) -> tuple[dict, dict, dict]:
-    """(config, raw, summary) of the real-engine experiment."""
+    """(config, raw, summary) of the real-engine experiment; ``raw["real"]``: policy -> rate
+    -> the host engine's row beside the simulator's; ``raw["real_executors"]``: executor ->
+    "quiet"/"hog" -> policy -> rate -> measured row, for every executor (``slo_ring.py``)."""
     started = time.perf_counter()
     bench, cal, config = calibrated_bench(run)
     weights = bench.weights
@@ -400,12 +456,19 @@ def run_real_experiment(run: RealRunConfig) -> tuple[dict, dict, dict]:
         print(f"[{time.perf_counter() - started:.0f} s] chosen by the simulator: B_xfer "
               f"{config.transfer_budget_blocks} blocks, a decision every "
               f"{config.decision_interval} iterations, rates {list(run.rates)}", flush=True)
+    cores = slo_ring.host_cores(run.hog)
+    for name in run.ring_executors:
+        slo_ring.warm_up_persistent(bench, name, engine_config(run, "lvf", run.num_requests),
+                                    burst(16, run.seed + 2))
+        print(f"[{time.perf_counter() - started:.0f} s] {name}: compiled, warmed up", flush=True)
     raw, drifts = {}, []
+    executors = {name: {"quiet": {}, "hog": {}} for name in (run.executor, *run.ring_executors)}
     errors = {"mean": [], "median": [], "attainment": []}
     for rate in run.rates:
         workload = poisson_workload(run.num_requests, rate, LENGTHS, run.seed)
         for policy in run.policies:
-            row = measure(bench, preset, cal, config, rate, policy, workload)
+            row = measure(bench, preset, cal, config, rate, policy, workload, cores)
+            executors[run.executor]["quiet"].setdefault(policy, {})[str(rate)] = row["real"]
             real, sim, err = row["real"], row["sim"], row["sim_rel_error"]
             for kind, keys in (("mean", PREDICTED), ("median", MEDIANS)):
                 errors[kind] += [err[k] for k in keys if err[k] is not None]
@@ -413,6 +476,8 @@ def run_real_experiment(run: RealRunConfig) -> tuple[dict, dict, dict]:
             raw.setdefault(policy, {})[str(rate)] = row
             print_row(time.perf_counter() - started, rate, policy, row)
             drifts.append(abs(real["mean_iteration_ms"] / real["mean_iteration_model_ms"] - 1))
+            measure_beside(bench, cal, preset, config, rate, policy, workload, cores, executors,
+                           started)
     summary = {"sim_vs_real_error": max(errors["mean"], default=None),
                "sim_vs_real_median_error": max(errors["median"], default=None),
                "sim_vs_real_attainment_error_pts": max(errors["attainment"], default=None),
@@ -421,10 +486,12 @@ def run_real_experiment(run: RealRunConfig) -> tuple[dict, dict, dict]:
                "iteration_model_error": max(drifts) if drifts else None}
     if {"lvf", "fcfs"} <= set(run.policies):
         summary.update(headline(raw, list(run.rates)))
+    summary.update(slo_ring.summary(executors, list(run.rates)))
     cfg = {"mode": "real", "preset": preset.as_dict(), "rotasched": config.__dict__,
            **asdict(run), "rates": list(run.rates), "policies": list(run.policies),
-           "plan_predictions": predictions}
-    return cfg, raw, summary
+           "ring_executors": list(run.ring_executors), "plan_predictions": predictions,
+           "cores": cores and {"frontend": cores.frontend, "others": list(cores.others)}}
+    return cfg, {"real": raw, "real_executors": executors}, summary
 
 
 def headline(raw: dict, rates: list[float]) -> dict:

@@ -96,8 +96,9 @@ from numba import int32, int64
 from ..kernels.reduce import THREADS, block_exclusive_sum, cuda
 from ..kernels.sampling import lowbias32
 from ..kernels.sync import globaltimer_ns, load_acquire, pause_ns, store_release
-from ..ring.layout import (DECODE_COMPLETED, DECODE_PROCESSING, FINISH_ABORT, FINISH_ERROR,
-                           FINISH_LENGTH, FINISH_STOP, PREFILL_PENDING, PREFILL_PROCESSING)
+from ..ring.layout import (DECODE_COMPLETED, DECODE_PAUSED, DECODE_PROCESSING, FINISH_ABORT,
+                           FINISH_ERROR, FINISH_LENGTH, FINISH_STOP, PREFILL_PENDING,
+                           PREFILL_PROCESSING)
 from ..sched.device_policy import POLICY_FCFS, decide_step
 from ..sched.vlt import ROTARY, RUNNING, WAITING
 from .forward_ops import LANE_SLOT, forward
@@ -352,11 +353,12 @@ def copy_lane_blocks(lane, src_tables, src, dst_tables, dst):
 
 
 @cuda.jit(device=True)
-def rotate(lane, q, out):
+def rotate(lane, q, state, out):
     """Block 0, every thread: copy ``lane``'s KV to the host blocks reserved for it (``out``)
     or back into the GPU blocks taken for it; then thread 0 gives the blocks it left back to
-    their free stack. Out, it keeps its lane and its tokens (L_ROTATED); in, it runs on from
-    where it stopped."""
+    their free stack. Out, it keeps its lane and its tokens (L_ROTATED), and a request that
+    was decoding shows as DECODE_PAUSED in the ring (``state``: the slots' state words) until
+    it is back; in, it runs on from where it stopped."""
     if out:
         copy_lane_blocks(lane, q.block_tables, q.kv_blocks, q.host_tables, q.host_kv)
         cuda.threadfence_system()  # the copy is in host memory before the GPU blocks are reused
@@ -372,6 +374,8 @@ def rotate(lane, q, out):
             release_blocks(lane, left, q.host_free_blocks, q.host_free_top)
         q.lanes[lane, L_ROTATED] = 1 if out else 0
         q.lanes[lane, L_RUNNING] = 0 if out else 1
+        if q.lanes[lane, L_GEN] > 0:  # (one still in its prompt stays PREFILL_PROCESSING)
+            store_release(state, q.lanes[lane, L_SLOT], DECODE_PAUSED if out else DECODE_PROCESSING)
         q.sched[S_ROTATIONS if out else S_ROTATE_INS] += 1
         if out:
             q.sched[S_PREEMPTIONS] += 1
@@ -530,7 +534,7 @@ def policy_admit(lane, q, now_ns):
 
 
 @cuda.jit(device=True)
-def rotasched_step(q, block_size):
+def rotasched_step(q, state, block_size):
     """Block 0, at the head of a step under a policy: describe the lanes, and on a decision
     step (every P_DECISION_INTERVAL-th, and whenever nothing runs; in between the batch stands
     and FCFS's growth rules preempt) decide, then carry the decision out: its rotate-outs first
@@ -555,7 +559,7 @@ def rotasched_step(q, block_size):
             moving[0] = policy_victim(ints[D_LANE, ints[D_PREEMPT, k]], q)
         cuda.syncthreads()
         if moving[0] >= 0:
-            rotate(moving[0], q, True)
+            rotate(moving[0], q, state, True)
         cuda.syncthreads()
     for k in range(answer[0]):
         if tid == 0:
@@ -564,7 +568,7 @@ def rotasched_step(q, block_size):
         if moving[0] == NO_ROOM:
             break
         if moving[0] >= 0:
-            rotate(moving[0], q, False)
+            rotate(moving[0], q, state, False)
         cuda.syncthreads()
     cuda.syncthreads()
 
@@ -729,13 +733,14 @@ def copy_request_to_lane(slot, lane, lanes, lane_sampling, lane_stop_ids, temper
 
 
 @cuda.jit(device=True)
-def plan_step(q, budget, block_size):
+def plan_step(q, state, budget, block_size):
     """Block 0: how many tokens each lane runs this step (lanes[:, L_SCHED]), where they go in the
     flat batch (L_START) and which lanes sample (L_SAMPLE_ROW), each lane taking the KV blocks
     its tokens need: rotated-out lanes back in first (oldest first, while they fit), then
     decodes (a thread per lane; the executor makes sure S <= budget; when the pool runs short,
     thread 0 preempts: ``grow_decodes_oldest_first``), then prompt chunks oldest first (thread
-    0), then places and rows in lane order (a block-wide scan). Returns whether any lane has
+    0), then places and rows in lane order (a block-wide scan); ``state``: the ring's state
+    words, where a rotated-out decode shows as DECODE_PAUSED. Returns whether any lane has
     prompt left."""
     tid = cuda.threadIdx.x
     lanes = q.lanes
@@ -754,9 +759,9 @@ def plan_step(q, budget, block_size):
             cuda.syncthreads()
             if moving[0] < 0:
                 break
-            rotate(moving[0], q, False)
+            rotate(moving[0], q, state, False)
     else:
-        rotasched_step(q, block_size)
+        rotasched_step(q, state, block_size)
     if tid == 0:
         for k in range(5):
             counts[k] = 0
@@ -793,7 +798,7 @@ def plan_step(q, budget, block_size):
             cuda.syncthreads()
             if moving[0] < 0:
                 break
-            rotate(moving[0], q, True)
+            rotate(moving[0], q, state, True)
     cuda.syncthreads()
     prompts_left = counts[1] > 0
     if tid == 0 and prompts_left:
@@ -1003,7 +1008,7 @@ def schedule_step(ring, control, scheduler, step, row_lane, vocab_size, budget, 
     cuda.syncthreads()
     if tid == 0:
         sched[S_CANDIDATES] = 0
-    prompts_left = plan_step(q, budget, block_size)
+    prompts_left = plan_step(q, r.state, budget, block_size)
     fill_step(q.lanes, q.lane_sampling, prompts_left, r.prompt_tokens, r.output_tokens,
               b.token_ids, b.positions, b.seq_rows, b.logit_rows, b.step_temperature,
               b.step_top_p, b.step_top_k, b.step_seeds, b.counters, row_lane)

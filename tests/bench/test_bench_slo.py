@@ -7,6 +7,7 @@ import json
 
 import pytest
 
+from blink_edu.backend import get_backend
 from blink_edu.bench import slo
 from blink_edu.sched import POLICIES
 
@@ -43,12 +44,24 @@ def test_tiny_real_run_is_added_beside_the_sweep(tmp_path, capsys):
     stale = json.loads(path.read_text())
     stale["summary"]["sim_vs_real_gone"] = 1.0  # a real-part key an older --real wrote
     path.write_text(json.dumps(stale))
-    # --kv-blocks 32: a request of the longest (512 tokens) needs 32 blocks of 16
+    # --kv-blocks 32: a request of the longest (512 tokens) needs 32 blocks of 16; --hog: LVF
+    # again beside a CPU hog on every core but this one
     assert slo.main(["--real", "--rates", "30", "--num-requests", "5", "--kv-blocks", "32",
                      "--calibration-requests", "4", "--policies", "fcfs,lvf,waiting-first",
-                     "--out", str(tmp_path)]) == 0
+                     "--hog", "--out", str(tmp_path)]) == 0
     data = json.loads((tmp_path / "slo.json").read_text())
-    assert set(data["raw"]) == {"sim", "real"}  # the sweep is kept
+    assert set(data["raw"]) == {"sim", "real", "real_executors"}  # the sweep is kept
+    rows = data["raw"]["real_executors"]["reference"]
+    assert set(rows["quiet"]) == {"fcfs", "lvf", "waiting-first"} and set(rows["hog"]) == {"lvf"}
+    assert rows["quiet"]["lvf"]["30.0"] == data["raw"]["real"]["lvf"]["30.0"]["real"]
+    hog = rows["hog"]["lvf"]["30.0"]
+    assert hog["tokens"] == rows["quiet"]["lvf"]["30.0"]["tokens"] > 0  # the same work
+    summary = data["summary"]
+    assert summary["reference_lvf_hog_ttft_loss_pts"] == (
+        rows["quiet"]["lvf"]["30.0"]["ttft_attainment_pct"] - hog["ttft_attainment_pct"])
+    assert summary["host_cpu_us_per_token_reference"] > 0
+    cores = data["config"]["real"]["cores"]
+    assert cores["frontend"] not in cores["others"]
     assert "headline_rate" in data["summary"] and "sim_vs_real_gone" not in data["summary"]
     for policy in ("fcfs", "lvf"):
         run = data["raw"]["real"][policy]["30.0"]
@@ -82,8 +95,10 @@ def test_tiny_real_run_is_added_beside_the_sweep(tmp_path, capsys):
     # a sweep run afterwards keeps the real-engine part
     assert slo.main(["--sim", "--rates", "1", "--num-requests", "8", "--out", str(tmp_path),
                      "--no-progress", "--no-plot"]) == 0
-    again = json.loads((tmp_path / "slo.json").read_text())["summary"]
-    assert again["sim_vs_real_error"] == error and "real_rate" in again
+    again = json.loads((tmp_path / "slo.json").read_text())
+    assert again["summary"]["sim_vs_real_error"] == error and "real_rate" in again["summary"]
+    assert "host_cpu_us_per_token_reference" in again["summary"]
+    assert again["raw"]["real_executors"] == data["raw"]["real_executors"]
 
 
 def test_unknown_policy_is_refused(capsys):
@@ -108,6 +123,11 @@ def test_non_positive_rates_are_refused(capsys):
     (["--sim", "--transfer-budget", "8"], "--transfer-budget is for --real"),
     (["--real", "--decision-interval", "0"], "must be >= 1"),
     (["--sim", "--decision-interval", "4"], "--decision-interval is for --real"),
+    (["--sim", "--hog"], "--hog is for --real"),
+    (["--real", "--executor", "graph,eager"], "one host-driven executor at most"),
+    pytest.param(["--real", "--executor", "persistent"], "needs a GPU",
+                 marks=pytest.mark.skipif(not get_backend().is_simulator,
+                                          reason="on a GPU it would run the experiment")),
 ])
 def test_bad_arguments_are_refused_before_any_work(capsys, args, message):
     with pytest.raises(SystemExit):

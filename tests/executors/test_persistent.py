@@ -26,7 +26,8 @@ from blink_edu.executors.persistent import PersistentExecutor
 from blink_edu.model import reference
 from blink_edu.kv.pool import allocate_kv_pool
 from blink_edu.model.micro import micro_weights
-from blink_edu.ring import EMPTY, Ring, RingClient, RingLayout
+from blink_edu.ring import (DECODE_PAUSED, EMPTY, PREFILL_PROCESSING, Ring, RingClient,
+                             RingLayout)
 from test_tensor_core_steps import as_float32
 
 LAYOUT = RingLayout(num_slots=8, max_prompt_tokens=16, max_output_tokens=6)
@@ -157,8 +158,9 @@ def test_lvf_decides_in_the_kernel_and_keeps_the_tokens(weights, rng, dispatch):
                            "cannot cancel it in between (the simulator's steps take seconds)")
 def test_a_request_cancelled_while_rotated_out_gives_its_host_blocks_back(weights, rng):
     """The newest lane is rotated out when the oldest needs its blocks; cancelled before it
-    comes back, it completes as "abort" with the tokens it had published, never rotates back in,
-    and its host-arena blocks are free again. The oldest request keeps the reference's tokens."""
+    comes back (its slot DECODE_PAUSED meanwhile), it completes as "abort" with the tokens it
+    had published, never rotates back in, and its host-arena blocks are free again. The oldest
+    request keeps the reference's tokens."""
     config = replace(TIGHT, preemption="rotate")
     prompts = [rng.integers(3, 64, size=n).tolist() for n in (11, 6)]
     params = SamplingParams(temperature=0, max_tokens=6, ignore_eos=True)
@@ -169,6 +171,9 @@ def test_a_request_cancelled_while_rotated_out_gives_its_host_blocks_back(weight
         while executor.stats()["rotations"] == 0 and time.monotonic() < deadline:
             time.sleep(0.005)
         assert executor.stats()["rotate_ins"] == 0, "it came back before the cancel"
+        # out, a request that was decoding shows as paused in the ring
+        assert ring.state[newest] == (DECODE_PAUSED if ring.generated[newest] > 0
+                                      else PREFILL_PROCESSING)
         client.cancel(newest)
         done = client.collect([oldest, newest], TIMEOUT_S)
         assert done[oldest] == (expected[0], "length")
