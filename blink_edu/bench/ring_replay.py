@@ -31,7 +31,7 @@ from .replay import MeasuredRequest, Replay, cpu_seconds, host_share
 #: the kernel's counters a replay reports (``PersistentExecutor.stats()``), over the replay: its
 #: steps, moves and decisions, and the GPU time of its phases (A+B schedule, C forward, D publish)
 COUNTERS = ("steps", "preemptions", "rotations", "rotate_ins", "decisions", "blocks_out",
-            "blocks_in", "schedule_ns", "forward_ns", "publish_ns")
+            "blocks_in", "blocks_mirrored", "schedule_ns", "forward_ns", "publish_ns")
 
 
 def ring_replay(executor, ring: Ring, workload: list[RequestSpec], rng: np.random.Generator,

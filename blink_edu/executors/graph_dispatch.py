@@ -127,6 +127,8 @@ if not get_backend().is_simulator:
             if tid == 0:
                 status[0] = launch_step_and_wait(sched, sizes, done, graph_execs, bucket_tokens,
                                                  T, R)
+            else:  # the other threads copy full blocks out meanwhile (DuplexKV)
+                pk.copy_mirror(scheduler, tid - 1, THREADS - 1)
             cuda.syncthreads()
             if status[0] != 0:
                 if tid == 0:

@@ -147,6 +147,7 @@ class PersistentExecutor:
             policy=cuda.to_device(policy_words(self.policy, S, rotasched or RotaSchedConfig())),
             decide_ints=cuda.device_array((8, L), i32),  # (8, L) the policy's view, answers
             decide_floats=cuda.device_array((4, L), np.float64),  # (4, L) its times, seconds
+            mirror_pairs=cuda.device_array((2, pk.MAX_MIRROR_BLOCKS), i32),  # (2, M) GPU, host
             **self._host_arena(engine_config, L, W))
         attn_partials, attn_arrivals = attention_scratch(E)  # attention's splits
         self.step_buffers = StepBuffers(
@@ -335,7 +336,8 @@ class PersistentExecutor:
                     rotate_ins=int(c[pk.C_ROTATE_INS]),
                     host_free_blocks=int(c[pk.C_HOST_FREE_BLOCKS]), waiting=int(c[pk.C_WAITING]),
                     decisions=int(c[pk.C_DECISIONS]), blocks_out=int(c[pk.C_BLOCKS_OUT]),
-                    blocks_in=int(c[pk.C_BLOCKS_IN]))
+                    blocks_in=int(c[pk.C_BLOCKS_IN]),
+                    blocks_mirrored=int(c[pk.C_BLOCKS_MIRRORED]))
 
     def _destroy_graphs(self) -> None:
         if self._graphs is not None:

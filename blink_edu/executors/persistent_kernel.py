@@ -104,6 +104,7 @@ from ..sched.vlt import ROTARY, RUNNING, WAITING
 from .forward_ops import LANE_SLOT, forward
 
 MAX_CANDIDATES = 64  # pending slots one scan can note; more wait for the next scan
+MAX_MIRROR_BLOCKS = 64  # full blocks one step copies out eagerly; more wait for the next steps
 
 
 class RingArrays(NamedTuple):
@@ -146,12 +147,13 @@ class SchedulerState(NamedTuple):
     candidates: object  # (MAX_CANDIDATES,) i32 PENDING slots the last scan noted
     kv_blocks: object  # (N, L*2*B*K*E) the model's KV pool, one row a block (a view of it)
     host_kv: object  # (NH, L*2*B*K*E) the host arena (mapped host memory)
-    host_tables: object  # (S, W) i32 a rotated-out lane's host blocks, -1 past its last
+    host_tables: object  # (S, W) i32 a lane's host blocks (L_SYNCED of them), -1 past its last
     host_free_blocks: object  # (NH,) i32 a stack of free host blocks ...
     host_free_top: object  # (1,) i32 ... and its height (0 from the start: no rotation)
     policy: object  # (NUM_POLICY_WORDS,) f64 the policy and its parameters (P_*)
     decide_ints: object  # (8, S) i32 the policy's view and answers (D_STATE ... D_LANE)
     decide_floats: object  # (4, S) f64 its times, seconds (D_T_ARR ... D_VLT)
+    mirror_pairs: object  # (2, MAX_MIRROR_BLOCKS) i32 this step's eager copies: GPU, host block
 
 # lanes[s, field]
 # L_LEN: tokens known (prompt + generated); L_PROMPT: tokens to prefill before decoding (the
@@ -160,17 +162,20 @@ class SchedulerState(NamedTuple):
 # L_ROTATED: 1 while its KV is in the host arena; L_RUNNING: 1 in the running batch (0: waiting
 # for a policy to admit it, or rotated out); L_ARRIVAL_NS, L_RUN_NS, L_LAST_NS: when it arrived,
 # was admitted to the batch and published its last token (host clock, -1: not yet), for VLT.
+# L_SYNCED: how many of its first blocks have a current copy in the host arena (DuplexKV's
+# Synced blocks: full ones, copied eagerly; a rotated-out lane's are all there).
 (L_SLOT, L_CACHED, L_LEN, L_PROMPT, L_ORDER, L_GEN, L_SCHED, L_SAMPLE_ROW, L_SEED, L_START,
  L_LAST_TOKEN, L_MAX_TOKENS, L_IGNORE_EOS, L_TOP_K, L_RING_PROMPT, L_ROTATED, L_RUNNING,
- L_ARRIVAL_NS, L_RUN_NS, L_LAST_NS) = range(20)
-NUM_LANE_FIELDS = 20
+ L_ARRIVAL_NS, L_RUN_NS, L_LAST_NS, L_SYNCED) = range(21)
+NUM_LANE_FIELDS = 21
 assert L_SLOT == LANE_SLOT  # forward_ops reads a lane's slot without importing this module
 # sched[word]: the kernel's own bookkeeping, in device memory
 (S_STOP, S_TOKENS, S_ROWS, S_DOORBELL_SEEN, S_DOORBELL_NOW, S_ADMITTED, S_CANDIDATES,
  S_SCAN_START, S_STEPS, S_SCAN_NS, S_SCANS, S_IDLE, S_CLOCK_OFFSET, S_STEP_START,
  S_FORWARD_START, S_BEATS, S_CLAIMED, S_SCHEDULE_NS, S_FORWARD_NS, S_PUBLISH_NS,
- S_PREEMPTIONS, S_ROTATIONS, S_ROTATE_INS, S_DECISIONS, S_BLOCKS_OUT, S_BLOCKS_IN) = range(26)
-NUM_SCHED_WORDS = 26
+ S_PREEMPTIONS, S_ROTATIONS, S_ROTATE_INS, S_DECISIONS, S_BLOCKS_OUT, S_BLOCKS_IN,
+ S_MIRROR_COUNT, S_BLOCKS_MIRRORED) = range(28)
+NUM_SCHED_WORDS = 28
 # policy[word]: the scheduling policy (a sched/device_policy.py POLICY_* code: FCFS is the
 # kernel's own rules) and RotaSched's parameters (sched/vlt.py's RotaSchedConfig)
 (P_CODE, P_ALPHA, P_BETA_F, P_TTFT_SLO_S, P_BETA_B, P_TBT_SLO_S, P_TRANSFER_BUDGET,
@@ -187,12 +192,13 @@ NUM_POLICY_WORDS = 9
 # ends). C_PREEMPTIONS: lanes preempted so far (by recompute or rotation), C_ROTATIONS of them
 # rotated out; C_ROTATE_INS: rotated back in; C_HOST_FREE_BLOCKS: the host arena's free blocks;
 # C_WAITING: lanes holding a request outside the running batch; C_DECISIONS: a policy's decisions;
-# C_BLOCKS_OUT, C_BLOCKS_IN: KV blocks the rotations copied to the host arena and back.
+# C_BLOCKS_OUT, C_BLOCKS_IN: KV blocks the rotations copied to the host arena (the dirty ones
+# only) and back; C_BLOCKS_MIRRORED: full blocks copied out eagerly, off the rotations' path.
 (C_STOP, C_STEPS, C_SCAN_NS, C_SCANS, C_CLAIMED, C_RUNNING, C_FREE_BLOCKS,
  C_SCHEDULE_NS, C_FORWARD_NS, C_PUBLISH_NS, C_RELAUNCHES, C_DISPATCH_ERROR,
  C_PREEMPTIONS, C_ROTATIONS, C_ROTATE_INS, C_HOST_FREE_BLOCKS, C_WAITING,
- C_DECISIONS, C_BLOCKS_OUT, C_BLOCKS_IN) = range(20)
-NUM_CONTROL_WORDS = 20
+ C_DECISIONS, C_BLOCKS_OUT, C_BLOCKS_IN, C_BLOCKS_MIRRORED) = range(21)
+NUM_CONTROL_WORDS = 21
 CANDIDATES_SHAPE = (MAX_CANDIDATES,)
 IDLE_SLEEP_NS = 2000
 
@@ -225,20 +231,23 @@ def blocks_held(lane, tables):
 
 
 @cuda.jit(device=True)
-def release_blocks(lane, tables, free_blocks, free_top):
-    """Give a lane's blocks back to their free stack: the GPU pool's, or the host arena's."""
-    n = blocks_held(lane, tables)
+def release_blocks(lane, first, tables, free_blocks, free_top):
+    """Give a lane's blocks from entry ``first`` on back to their free stack: the GPU pool's, or
+    the host arena's."""
+    n = blocks_held(lane, tables) - first
+    if n <= 0:
+        return
     base = cuda.atomic.add(free_top, 0, int32(n))  # several threads may free lanes at once
     for j in range(n):
-        free_blocks[base + j] = tables[lane, j]
-        tables[lane, j] = -1
+        free_blocks[base + j] = tables[lane, first + j]
+        tables[lane, first + j] = -1
 
 
 @cuda.jit(device=True)
-def take_prefix(lane, n, tables, free_blocks, free_top):
-    """Thread 0: pop ``n`` blocks off a free stack (the GPU pool's or the host arena's) into the
-    first ``n`` entries of ``lane``'s row of ``tables`` (the caller made sure it holds them)."""
-    for j in range(n):
+def take_range(lane, first, n, tables, free_blocks, free_top):
+    """Thread 0: pop blocks off a free stack (the GPU pool's or the host arena's) into entries
+    ``first`` to ``n`` - 1 of ``lane``'s row of ``tables`` (the caller made sure it holds them)."""
+    for j in range(first, n):
         free_top[0] -= 1
         tables[lane, j] = free_blocks[free_top[0]]
 
@@ -246,8 +255,9 @@ def take_prefix(lane, n, tables, free_blocks, free_top):
 @cuda.jit(device=True)
 def free_lane(lane, q):
     """Give a lane's KV blocks (on the GPU and in the host arena) back and empty the lane."""
-    release_blocks(lane, q.block_tables, q.free_blocks, q.free_top)
-    release_blocks(lane, q.host_tables, q.host_free_blocks, q.host_free_top)
+    release_blocks(lane, 0, q.block_tables, q.free_blocks, q.free_top)
+    release_blocks(lane, 0, q.host_tables, q.host_free_blocks, q.host_free_top)
+    q.lanes[lane, L_SYNCED] = 0
     q.lanes[lane, L_ROTATED] = 0
     q.lanes[lane, L_RUNNING] = 0
     q.lanes[lane, L_SLOT] = -1
@@ -291,8 +301,10 @@ def preempt_by_recompute(lane, q):
     """Thread 0: drop ``lane``'s K/V. It keeps its lane, its tokens, its seed and its counter,
     and prefills everything it knows again later (engine/scheduler.py's twin): under FCFS as
     soon as blocks allow, under a policy once the policy admits it again (it waits)."""
-    release_blocks(lane, q.block_tables, q.free_blocks, q.free_top)
+    release_blocks(lane, 0, q.block_tables, q.free_blocks, q.free_top)
+    release_blocks(lane, 0, q.host_tables, q.host_free_blocks, q.host_free_top)  # its mirror
     lanes = q.lanes
+    lanes[lane, L_SYNCED] = 0
     lanes[lane, L_CACHED] = 0
     lanes[lane, L_PROMPT] = lanes[lane, L_LEN]
     lanes[lane, L_SCHED] = 0
@@ -332,46 +344,55 @@ def grow_decodes_oldest_first(q, block_size, counts):
 # --- rotation: a lane's KV to the host arena and back (preemption="rotate") ---------------------
 @cuda.jit(device=True)
 def reserve_host_blocks(lane, q):
-    """Thread 0: host-arena blocks for every GPU block ``lane`` holds (into q.host_tables).
-    False if the arena lacks them (or there is none: preemption by recompute)."""
-    n = blocks_held(lane, q.block_tables)
-    if n > q.host_free_top[0]:
+    """Thread 0: host-arena blocks for every GPU block ``lane`` holds that has no copy there
+    yet (its dirty blocks, after its L_SYNCED ones; into q.host_tables). False if the arena
+    lacks them (or there is none: preemption by recompute)."""
+    synced, n = blocks_held(lane, q.host_tables), blocks_held(lane, q.block_tables)
+    if n - synced > q.host_free_top[0]:
         return False
-    take_prefix(lane, n, q.host_tables, q.host_free_blocks, q.host_free_top)
+    take_range(lane, synced, n, q.host_tables, q.host_free_blocks, q.host_free_top)
     return True
 
 
 @cuda.jit(device=True)
-def copy_lane_blocks(lane, src_tables, src, dst_tables, dst):
-    """Every thread of the block: ``lane``'s blocks from ``src`` to ``dst`` (rows of block
-    words), block j of ``src_tables``'s row to block j of ``dst_tables``'s."""
+def copy_lane_blocks(lane, first, src_tables, src, dst_tables, dst):
+    """Every thread of the block: ``lane``'s blocks from entry ``first`` on, from ``src`` to
+    ``dst`` (rows of block words), block j of ``src_tables``'s row to block j of
+    ``dst_tables``'s."""
     words = src.shape[1]
-    for i in range(cuda.threadIdx.x, blocks_held(lane, src_tables) * words, THREADS):
-        j = i // words
-        w = i - j * words
+    for i in range(cuda.threadIdx.x, (blocks_held(lane, src_tables) - first) * words, THREADS):
+        j = first + i // words
+        w = i % words
         dst[dst_tables[lane, j], w] = src[src_tables[lane, j], w]
 
 
 @cuda.jit(device=True)
-def rotate(lane, q, state, out):
-    """Block 0, every thread: copy ``lane``'s KV to the host blocks reserved for it (``out``)
-    or back into the GPU blocks taken for it; then thread 0 gives the blocks it left back to
+def rotate(lane, q, state, out, block_size):
+    """Block 0, every thread: copy ``lane``'s KV to the host blocks reserved for it (``out``:
+    only its dirty blocks, those after its L_SYNCED ones, which are there already) or all of
+    it back into the GPU blocks taken for it; then thread 0 gives the blocks it left back to
     their free stack. Out, it keeps its lane and its tokens (L_ROTATED), and a request that
     was decoding shows as DECODE_PAUSED in the ring (``state``: the slots' state words) until
-    it is back; in, it runs on from where it stopped."""
+    it is back; in, it runs on from where it stopped, its full blocks' host copies kept
+    (Synced: a later rotate-out skips them) and its last, partial one's given back (it will
+    change)."""
+    lanes = q.lanes
     if out:
-        copy_lane_blocks(lane, q.block_tables, q.kv_blocks, q.host_tables, q.host_kv)
+        copy_lane_blocks(lane, lanes[lane, L_SYNCED], q.block_tables, q.kv_blocks, q.host_tables,
+                         q.host_kv)
         cuda.threadfence_system()  # the copy is in host memory before the GPU blocks are reused
     else:
-        copy_lane_blocks(lane, q.host_tables, q.host_kv, q.block_tables, q.kv_blocks)
+        copy_lane_blocks(lane, 0, q.host_tables, q.host_kv, q.block_tables, q.kv_blocks)
     cuda.syncthreads()
     if cuda.threadIdx.x == 0:
-        left = q.block_tables if out else q.host_tables
-        q.sched[S_BLOCKS_OUT if out else S_BLOCKS_IN] += blocks_held(lane, left)
         if out:
-            release_blocks(lane, left, q.free_blocks, q.free_top)
+            q.sched[S_BLOCKS_OUT] += blocks_held(lane, q.block_tables) - lanes[lane, L_SYNCED]
+            release_blocks(lane, 0, q.block_tables, q.free_blocks, q.free_top)
         else:
-            release_blocks(lane, left, q.host_free_blocks, q.host_free_top)
+            q.sched[S_BLOCKS_IN] += blocks_held(lane, q.host_tables)
+            release_blocks(lane, lanes[lane, L_CACHED] // block_size, q.host_tables,
+                           q.host_free_blocks, q.host_free_top)
+        lanes[lane, L_SYNCED] = blocks_held(lane, q.host_tables)
         q.lanes[lane, L_ROTATED] = 1 if out else 0
         q.lanes[lane, L_RUNNING] = 0 if out else 1
         if q.lanes[lane, L_GEN] > 0:  # (one still in its prompt stays PREFILL_PROCESSING)
@@ -410,7 +431,8 @@ def lane_to_rotate_in(q, block_size):
 def take_blocks_to_rotate_in(lane, q):
     """Thread 0: GPU blocks for each host block of a rotated-out ``lane`` (the caller made sure
     the stack holds them)."""
-    take_prefix(lane, blocks_held(lane, q.host_tables), q.block_tables, q.free_blocks, q.free_top)
+    take_range(lane, 0, blocks_held(lane, q.host_tables), q.block_tables, q.free_blocks,
+               q.free_top)
 
 
 # --- RotaSched in the kernel: a policy decides who runs (policy other than FCFS) -----------------
@@ -468,7 +490,7 @@ def describe_lanes(q, block_size, sizes):
         ints[D_STATE, col] = RUNNING if g == 0 else (WAITING if g == 1 else ROTARY)
         ints[D_HELD, col] = held
         ints[D_TO_RUN, col] = max(0, (known + block_size - 1) // block_size - held)
-        ints[D_ON_HOST, col] = blocks_held(s, q.host_tables)
+        ints[D_ON_HOST, col] = blocks_held(s, q.host_tables) if g == 2 else 0
         floats[D_T_ARR, col] = seconds(lanes[s, L_ARRIVAL_NS])
         floats[D_T_RUN, col] = seconds(lanes[s, L_RUN_NS])
         floats[D_T_LAST, col] = seconds(lanes[s, L_LAST_NS])
@@ -559,7 +581,7 @@ def rotasched_step(q, state, block_size):
             moving[0] = policy_victim(ints[D_LANE, ints[D_PREEMPT, k]], q)
         cuda.syncthreads()
         if moving[0] >= 0:
-            rotate(moving[0], q, state, True)
+            rotate(moving[0], q, state, True, block_size)
         cuda.syncthreads()
     for k in range(answer[0]):
         if tid == 0:
@@ -568,7 +590,7 @@ def rotasched_step(q, state, block_size):
         if moving[0] == NO_ROOM:
             break
         if moving[0] >= 0:
-            rotate(moving[0], q, state, False)
+            rotate(moving[0], q, state, False, block_size)
         cuda.syncthreads()
     cuda.syncthreads()
 
@@ -759,7 +781,7 @@ def plan_step(q, state, budget, block_size):
             cuda.syncthreads()
             if moving[0] < 0:
                 break
-            rotate(moving[0], q, state, False)
+            rotate(moving[0], q, state, False, block_size)
     else:
         rotasched_step(q, state, block_size)
     if tid == 0:
@@ -798,7 +820,7 @@ def plan_step(q, state, budget, block_size):
             cuda.syncthreads()
             if moving[0] < 0:
                 break
-            rotate(moving[0], q, state, True)
+            rotate(moving[0], q, state, True, block_size)
     cuda.syncthreads()
     prompts_left = counts[1] > 0
     if tid == 0 and prompts_left:
@@ -823,8 +845,69 @@ def plan_step(q, state, budget, block_size):
     if tid == 0:
         q.sched[S_TOKENS] = n_tokens
         q.sched[S_ROWS] = n_rows
-    cuda.syncthreads()  # fill_step reads every lane's place
+    plan_mirror(q, block_size, scratch)  # (its barriers: fill_step reads every lane's place)
     return prompts_left
+
+
+# --- DuplexKV: full blocks copied out eagerly, in the step's spare time -----------------------------
+@cuda.jit(device=True)
+def plan_mirror(q, block_size, scratch):
+    """Block 0, once the step is planned: DuplexKV's eager copy-out (SuperInfer §4). Each
+    running lane's full blocks with no host copy yet -- from L_SYNCED up to L_CACHED // B,
+    written by earlier steps, so this step's forward pass leaves them alone -- get a host block
+    each, in lane order (a block-wide scan over what each lane wants), up to MAX_MIRROR_BLOCKS a
+    step and while the arena keeps more free blocks than the GPU pool has (a rotate-out of
+    everything still fits). The pairs go to ``mirror_pairs`` and the copies to spare threads
+    (``copy_mirror``), done before the next step; the blocks count as Synced from now on, so a
+    later rotate-out copies only the dirty tail. Without a host arena, or in a step that runs
+    nothing (or stops the kernel), nothing."""
+    tid = cuda.threadIdx.x
+    lanes = q.lanes
+    S = lanes.shape[0]
+    room = min(MAX_MIRROR_BLOCKS, q.host_free_top[0] - q.free_blocks.shape[0])  # may be <= 0
+    if q.sched[S_TOKENS] == 0 or q.sched[S_STOP] != 0:
+        room = 0  # a step that runs nothing copies nothing either
+    top = q.host_free_top[0]
+    wanted = int32(0)  # blocks wanted by the lanes of earlier rounds
+    for base in range(0, S, THREADS):  # every thread runs the same number of rounds
+        s = base + tid
+        want = 0
+        if s < S and lanes[s, L_SLOT] >= 0 and lanes[s, L_RUNNING] == 1:
+            want = max(0, lanes[s, L_CACHED] // block_size - lanes[s, L_SYNCED])
+        before, here = block_exclusive_sum(int32(want), scratch)
+        for i in range(want):
+            k = wanted + before + i  # this block's place in the step's list
+            if k >= room:
+                break
+            j = lanes[s, L_SYNCED]
+            host = q.host_free_blocks[top - 1 - k]
+            q.host_tables[s, j] = host
+            q.mirror_pairs[0, k] = q.block_tables[s, j]
+            q.mirror_pairs[1, k] = host
+            lanes[s, L_SYNCED] = j + 1
+        wanted += here
+    cuda.syncthreads()  # every thread read the stack's top before thread 0 lowers it
+    if tid == 0:
+        n = max(0, min(wanted, room))
+        q.host_free_top[0] = top - n
+        q.sched[S_MIRROR_COUNT] = n
+        q.sched[S_BLOCKS_MIRRORED] += n
+    cuda.syncthreads()
+
+
+@cuda.jit(device=True)
+def copy_mirror(q, thread, n_threads):
+    """This thread's share of the step's eager copies (``plan_mirror``'s pairs), GPU pool to
+    host arena; called by threads with nothing else to do (the inline kernel's blocks other
+    than 0 while block 0 publishes, the graph dispatcher's threads other than the launcher's
+    while the forward graph runs)."""
+    words = q.kv_blocks.shape[1]
+    n = q.sched[S_MIRROR_COUNT]
+    for i in range(thread, n * words, n_threads):
+        k = i // words
+        w = i % words
+        q.host_kv[q.mirror_pairs[1, k], w] = q.kv_blocks[q.mirror_pairs[0, k], w]
+    cuda.threadfence_system()
 
 
 @cuda.jit(device=True)
@@ -1076,6 +1159,11 @@ def persistent_scheduler_kernel(ring, control, model, step, scheduler, history, 
         if leader:  # D
             publish_step(ring, control, scheduler, step.tokens, history.row_lane, R,
                          max_model_len)
+        if cuda.gridDim.x == 1:  # the eager copies: block 0 after publishing (the simulator) ...
+            copy_mirror(scheduler, tid, THREADS)
+        elif not leader:  # ... or every other block meanwhile
+            copy_mirror(scheduler, (cuda.blockIdx.x - 1) * THREADS + tid,
+                        (cuda.gridDim.x - 1) * THREADS)
 
 
 @cuda.jit(device=True)
@@ -1092,6 +1180,7 @@ def count_step(q, control, running, waiting, publish_start):
     control[C_DECISIONS] = sched[S_DECISIONS]
     control[C_BLOCKS_OUT] = sched[S_BLOCKS_OUT]
     control[C_BLOCKS_IN] = sched[S_BLOCKS_IN]
+    control[C_BLOCKS_MIRRORED] = sched[S_BLOCKS_MIRRORED]
     control[C_FREE_BLOCKS] = q.free_top[0]
     control[C_HOST_FREE_BLOCKS] = q.host_free_top[0]
     control[C_SCAN_NS] = sched[S_SCAN_NS]

@@ -68,6 +68,11 @@ def lane_sets(draw):
             rows = tables if kind == "running" else host_tables
             rows[s, :held] = np.arange(next_block, next_block + held)
             next_block += held
+        if kind == "running":  # DuplexKV's mirror: some full blocks copied out already, which
+            synced = draw(st.integers(0, cached // B))  # the policy must not count as on host
+            host_tables[s, :synced] = np.arange(next_block, next_block + synced)
+            lanes[s, pk.L_SYNCED] = synced
+            next_block += synced
     return lanes, tables, host_tables, draw(st.integers(0, 12))
 
 
@@ -84,7 +89,8 @@ def scheduler_state(lanes, tables, host_tables, free, policy):
         host_kv=d(np.zeros((1, 1), np.float32)), host_tables=d(host_tables),
         host_free_blocks=d(np.zeros(1, i32)), host_free_top=d(np.zeros(1, i32)),
         policy=d(policy), decide_ints=d(np.zeros((8, L), i32)),
-        decide_floats=d(np.zeros((4, L), np.float64)))
+        decide_floats=d(np.zeros((4, L), np.float64)),
+        mirror_pairs=d(np.zeros((2, pk.MAX_MIRROR_BLOCKS), i32)))
 
 
 def seconds(ns) -> float:
@@ -107,7 +113,8 @@ def host_view(lanes, tables, host_tables, free) -> StepView:
         views.append(RequestView(
             s, GROUPS[group(s)], seconds(lanes[s, pk.L_ARRIVAL_NS]),
             seconds(lanes[s, pk.L_RUN_NS]), seconds(lanes[s, pk.L_LAST_NS]), held,
-            max(0, -(-int(lanes[s, pk.L_LEN]) // B) - held), int((host_tables[s] >= 0).sum())))
+            max(0, -(-int(lanes[s, pk.L_LEN]) // B) - held),
+            int((host_tables[s] >= 0).sum()) if group(s) == 2 else 0))  # rotary: to swap in
     return StepView(now=NOW_NS * 1e-9, free_blocks=free, requests=views,
                     max_num_seqs=MAX_RUNNING)
 

@@ -122,9 +122,10 @@ def test_preempted_lanes_keep_their_tokens(weights, rng, dispatch, preemption):
     assert stats["preemptions"] >= 1
     if preemption == "rotate":
         assert stats["rotations"] == stats["rotate_ins"] == stats["preemptions"]
-        assert stats["blocks_out"] == stats["blocks_in"] >= stats["rotations"]
+        # a rotate-out copies its dirty blocks; its full ones went out eagerly before (DuplexKV)
+        assert stats["blocks_mirrored"] >= 1 and stats["blocks_out"] <= stats["blocks_in"]
     else:
-        assert stats["rotations"] == 0
+        assert stats["rotations"] == stats["blocks_mirrored"] == 0
 
 
 @pytest.mark.parametrize("dispatch", DISPATCHERS)
@@ -150,7 +151,9 @@ def test_lvf_decides_in_the_kernel_and_keeps_the_tokens(weights, rng, dispatch):
     stats = executor.stats()  # once stopped: the counters of the last step are out too
     assert stats["decisions"] >= 1 and stats["preemptions"] >= 1
     assert stats["rotations"] == stats["rotate_ins"]
-    assert stats["blocks_out"] == stats["blocks_in"] >= stats["rotations"]
+    # back in: every block of each; out: only the dirty ones, the rest had a current copy there
+    # (copied out eagerly, or kept from an earlier rotation: full blocks never change)
+    assert stats["blocks_out"] <= stats["blocks_in"]
 
 
 @pytest.mark.skipif(not get_backend().is_simulator,
