@@ -66,17 +66,19 @@ is *rotated out* instead, if the host arena (pinned host memory mapped into the 
 thread, no cudaMemcpy), then its GPU blocks go back to the stack. Each step starts by rotating
 lanes back in, oldest first, while the pool has blocks for one and for the next token of every
 decoding lane (the host scheduler's ``_resume_rotated``), and starts no new prompt while any lane
-is still out. A rotated lane resumes exactly where it stopped. (DuplexKV's eager copy-out of full
-blocks, which would leave a rotate-out only the dirty tail to move, is not in the kernel yet.)
+is still out. A rotated lane resumes exactly where it stopped. **DuplexKV** (SuperInfer §4): a
+full block never changes again, so it is copied to the host arena eagerly, by threads that
+would otherwise wait (``plan_mirror``, ``copy_mirror``); a lane's L_SYNCED counts its blocks
+with a current copy there, and a rotate-out copies only the rest, the dirty tail.
 
 **RotaSched** (``EngineConfig(policy="lvf")``, or the baselines ``"waiting-first"`` and
 ``"swapped-first"``; SuperInfer §3). The kernel keeps more lanes than the batch: a claimed
 request waits in its lane (L_RUNNING 0) until the policy admits it. At the head of each decision
 step (``rotasched_step``) block 0 lists the lanes as the host engine lists its sequences —
 running, waiting, rotated out, each in FCFS order, with their blocks and times
-(``describe_lanes``) — thread 0 calls the host policy's device twin (``decide_step``), and the
-block carries the decision out: rotate-outs first, then admissions, a rotated-out one copied
-back in. Between decisions the batch stands and FCFS's growth rules above preempt. Same tokens
+(``describe_lanes``) — the block ranks them by VLT, thread 0 calls the host policy's device twin
+(``decide_step``), and the block carries the decision out: rotate-outs first, then admissions,
+a rotated-out one copied back in. Between decisions the batch stands and FCFS's growth rules above preempt. Same tokens
 whatever the policy: only *when* a request runs changes.
 
 **Claiming.** Only one thread (block 0, thread 0) ever moves a slot out of PREFILL_PENDING, and no
@@ -91,7 +93,7 @@ from __future__ import annotations
 import math
 from typing import NamedTuple
 
-from numba import int32, int64
+from numba import float32, int32, int64
 
 from ..kernels.reduce import THREADS, block_exclusive_sum, cuda
 from ..kernels.sampling import lowbias32
@@ -99,12 +101,13 @@ from ..kernels.sync import globaltimer_ns, load_acquire, pause_ns, store_release
 from ..ring.layout import (DECODE_COMPLETED, DECODE_PAUSED, DECODE_PROCESSING, FINISH_ABORT,
                            FINISH_ERROR, FINISH_LENGTH, FINISH_STOP, PREFILL_PENDING,
                            PREFILL_PROCESSING)
-from ..sched.device_policy import POLICY_FCFS, decide_step
+from ..sched.device_policy import POLICY_FCFS, POLICY_LVF, decide_step, rank_by_vlt
 from ..sched.vlt import ROTARY, RUNNING, WAITING
 from .forward_ops import LANE_SLOT, forward
 
 MAX_CANDIDATES = 64  # pending slots one scan can note; more wait for the next scan
 MAX_MIRROR_BLOCKS = 64  # full blocks one step copies out eagerly; more wait for the next steps
+COPY_UNROLL = 8  # words a thread loads before it stores them, copying a KV block (copy_block)
 
 
 class RingArrays(NamedTuple):
@@ -145,8 +148,8 @@ class SchedulerState(NamedTuple):
     free_top: object  # (1,) i32 ... and its height
     sched: object  # (NUM_SCHED_WORDS,) i64 bookkeeping (S_*)
     candidates: object  # (MAX_CANDIDATES,) i32 PENDING slots the last scan noted
-    kv_blocks: object  # (N, L*2*B*K*E) the model's KV pool, one row a block (a view of it)
-    host_kv: object  # (NH, L*2*B*K*E) the host arena (mapped host memory)
+    kv_blocks: object  # (N, L*2*B*K*E) f32 the model's KV pool, one row a block (a view of it)
+    host_kv: object  # (NH, L*2*B*K*E) f32 the host arena (mapped host memory)
     host_tables: object  # (S, W) i32 a lane's host blocks (L_SYNCED of them), -1 past its last
     host_free_blocks: object  # (NH,) i32 a stack of free host blocks ...
     host_free_top: object  # (1,) i32 ... and its height (0 from the start: no rotation)
@@ -355,15 +358,33 @@ def reserve_host_blocks(lane, q):
 
 
 @cuda.jit(device=True)
+def copy_block(src, src_row, dst, dst_row, thread, n_threads):
+    """One KV block, row ``src_row`` of ``src`` to row ``dst_row`` of ``dst`` (float32 words;
+    one side is the host arena, across PCIe), by ``n_threads`` threads: each loads COPY_UNROLL
+    words -- a warp's loads side by side, so coalesced -- before it stores any. A load from
+    mapped host memory takes a PCIe round trip (~1-2 µs): a thread that stored each word before
+    loading the next kept one load in flight, and block 0 alone read rotated blocks back at a
+    few hundred MB/s."""
+    words = src.shape[1]
+    buffer = cuda.local.array(COPY_UNROLL, float32)
+    for base in range(0, words, n_threads * COPY_UNROLL):
+        for u in range(COPY_UNROLL):
+            i = base + u * n_threads + thread
+            if i < words:
+                buffer[u] = src[src_row, i]
+        for u in range(COPY_UNROLL):
+            i = base + u * n_threads + thread
+            if i < words:
+                dst[dst_row, i] = buffer[u]
+
+
+@cuda.jit(device=True)
 def copy_lane_blocks(lane, first, src_tables, src, dst_tables, dst):
     """Every thread of the block: ``lane``'s blocks from entry ``first`` on, from ``src`` to
     ``dst`` (rows of block words), block j of ``src_tables``'s row to block j of
     ``dst_tables``'s."""
-    words = src.shape[1]
-    for i in range(cuda.threadIdx.x, (blocks_held(lane, src_tables) - first) * words, THREADS):
-        j = first + i // words
-        w = i % words
-        dst[dst_tables[lane, j], w] = src[src_tables[lane, j], w]
+    for j in range(first, blocks_held(lane, src_tables)):
+        copy_block(src, src_tables[lane, j], dst, dst_tables[lane, j], cuda.threadIdx.x, THREADS)
 
 
 @cuda.jit(device=True)
@@ -458,22 +479,39 @@ def seconds(ns):
 
 @cuda.jit(device=True)
 def describe_lanes(q, block_size, sizes):
-    """Block 0: every lane holding a request as one column of the policy's arrays, in FCFS
-    order — running (in order of admission), then waiting, then rotated out, each in arrival
-    order (engine/policy_step.py's ``describe``; a thread per lane finds its column by counting
-    the lanes before it). ``sizes`` (4,) shared: requests in each list, then all of them."""
+    """Block 0: ``count_lane_groups``, then ``list_lanes``."""
+    count_lane_groups(q.lanes, sizes)
+    list_lanes(q, block_size, sizes)
+
+
+@cuda.jit(device=True)
+def count_lane_groups(lanes, sizes):
+    """Block 0: ``sizes`` (4,) shared = the lanes running, waiting and rotated out, then all
+    of them (a thread per lane)."""
     tid = cuda.threadIdx.x
-    lanes, ints, floats = q.lanes, q.decide_ints, q.decide_floats
-    S = lanes.shape[0]
     if tid == 0:
         for g in range(4):
             sizes[g] = 0
     cuda.syncthreads()
-    for s in range(tid, S, THREADS):
+    for s in range(tid, lanes.shape[0], THREADS):
         g = lane_group(lanes, s)
         if g >= 0:
             cuda.atomic.add(sizes, g, 1)
     cuda.syncthreads()
+    if tid == 0:
+        sizes[3] = sizes[0] + sizes[1] + sizes[2]
+    cuda.syncthreads()
+
+
+@cuda.jit(device=True)
+def list_lanes(q, block_size, sizes):
+    """Block 0: every lane holding a request as one column of the policy's arrays, in FCFS
+    order — running (in order of admission), then waiting, then rotated out, each in arrival
+    order (engine/policy_step.py's ``describe``; a thread per lane finds its column by counting
+    the lanes before it). ``sizes``: ``count_lane_groups``'."""
+    tid = cuda.threadIdx.x
+    lanes, ints, floats = q.lanes, q.decide_ints, q.decide_floats
+    S = lanes.shape[0]
     for s in range(tid, S, THREADS):
         g = lane_group(lanes, s)
         if g < 0:
@@ -495,21 +533,26 @@ def describe_lanes(q, block_size, sizes):
         floats[D_T_RUN, col] = seconds(lanes[s, L_RUN_NS])
         floats[D_T_LAST, col] = seconds(lanes[s, L_LAST_NS])
     cuda.syncthreads()
-    if tid == 0:
-        sizes[3] = sizes[0] + sizes[1] + sizes[2]
-    cuda.syncthreads()
 
 
 @cuda.jit(device=True)
 def decide(q, n, now_ns, answer):
-    """Thread 0: the policy's decision over the ``n`` requests ``describe_lanes`` listed
-    (sched/device_policy.py's ``decide_step``, the host policies' twin). ``answer`` (2,):
-    how many it admits and preempts (indices in decide_ints[D_ADMIT], [D_PREEMPT])."""
+    """Block 0: the policy's decision over the ``n`` requests ``describe_lanes`` listed
+    (sched/device_policy.py's ``decide_step``, the host policies' twin): LVF's ranking by every
+    thread (``rank_by_vlt``), the rest by thread 0. ``answer`` (2,) shared: how many it admits
+    and preempts (indices in decide_ints[D_ADMIT], [D_PREEMPT])."""
     ints, floats, p = q.decide_ints, q.decide_floats, q.policy
+    now = now_ns * 1e-9
+    if int32(p[P_CODE]) == POLICY_LVF:
+        rank_by_vlt(ints[D_STATE, :n], floats[D_T_ARR, :n], floats[D_T_RUN, :n],
+                    floats[D_T_LAST, :n], now, p[P_ALPHA], p[P_BETA_F], p[P_TTFT_SLO_S],
+                    p[P_BETA_B], p[P_TBT_SLO_S], floats[D_VLT, :n], ints[D_ORDER, :n])
+    if cuda.threadIdx.x != 0:
+        return
     num_admitted, num_preempted, _ = decide_step(
         int32(p[P_CODE]), ints[D_STATE, :n], floats[D_T_ARR, :n], floats[D_T_RUN, :n],
         floats[D_T_LAST, :n], ints[D_HELD, :n], ints[D_TO_RUN, :n], ints[D_ON_HOST, :n],
-        now_ns * 1e-9, q.free_top[0], int32(p[P_MAX_RUNNING]), p[P_ALPHA], p[P_BETA_F],
+        now, q.free_top[0], int32(p[P_MAX_RUNNING]), p[P_ALPHA], p[P_BETA_F],
         p[P_TTFT_SLO_S], p[P_BETA_B], p[P_TBT_SLO_S], int32(p[P_TRANSFER_BUDGET]),
         floats[D_VLT, :n], ints[D_ORDER, :n], ints[D_ADMIT, :n], ints[D_PREEMPT, :n])
     answer[0] = num_admitted
@@ -533,25 +576,24 @@ def policy_victim(lane, q):
 
 
 @cuda.jit(device=True)
-def policy_admit(lane, q, now_ns):
-    """Thread 0: a lane the policy admits. Rotated out: GPU blocks for its KV, and the lane to
-    rotate in — or NO_ROOM if the pool lacks them. Waiting: into the batch from now on (its
-    t_run); -1. NO_ROOM too if the batch is full (a victim the host arena had no room for kept
-    its place): the step's buffers hold max_num_seqs sampled rows."""
+def policy_admit(lane, q, now_ns, seats):
+    """Thread 0: a lane the policy admits, taking one of the batch's ``seats`` (seats[0]: the
+    lanes running). Rotated out: GPU blocks for its KV, and the lane to rotate in — or NO_ROOM
+    if the pool lacks them. Waiting: into the batch from now on (its t_run); -1. NO_ROOM too
+    if the batch is full (a victim the host arena had no room for kept its place): the step's
+    buffers hold max_num_seqs sampled rows."""
     lanes = q.lanes
-    running = 0
-    for s in range(lanes.shape[0]):
-        if lanes[s, L_SLOT] >= 0 and lanes[s, L_RUNNING] == 1:
-            running += 1
-    if running >= q.policy[P_MAX_RUNNING]:
+    if seats[0] >= q.policy[P_MAX_RUNNING]:
         return NO_ROOM
     if lanes[lane, L_ROTATED] == 1:
         if blocks_held(lane, q.host_tables) > q.free_top[0]:
             return NO_ROOM
         take_blocks_to_rotate_in(lane, q)
+        seats[0] += 1
         return lane
     lanes[lane, L_RUNNING] = 1
     lanes[lane, L_RUN_NS] = now_ns
+    seats[0] += 1
     return -1
 
 
@@ -565,15 +607,17 @@ def rotasched_step(q, state, block_size):
     tid = cuda.threadIdx.x
     sizes = cuda.shared.array(4, int32)
     answer = cuda.shared.array(2, int32)
-    moving = cuda.shared.array(1, int32)
-    describe_lanes(q, block_size, sizes)
-    now_ns = globaltimer_ns() + q.sched[S_CLOCK_OFFSET]
+    moving = cuda.shared.array(1, int32)  # the lane block 0 copies now
+    now = cuda.shared.array(1, int64)  # the decision's time, one for every thread
+    count_lane_groups(q.lanes, sizes)
+    if sizes[3] == 0 or (q.sched[S_STEPS] % int64(q.policy[P_DECISION_INTERVAL]) != 0
+                         and sizes[0] > 0):
+        return  # not a decision step: the lanes are listed only when the policy decides
+    list_lanes(q, block_size, sizes)
     if tid == 0:
-        answer[0] = 0
-        answer[1] = 0
-        interval = int64(q.policy[P_DECISION_INTERVAL])
-        if sizes[3] > 0 and (q.sched[S_STEPS] % interval == 0 or sizes[0] == 0):
-            decide(q, sizes[3], now_ns, answer)
+        now[0] = globaltimer_ns() + q.sched[S_CLOCK_OFFSET]
+    cuda.syncthreads()
+    decide(q, sizes[3], now[0], answer)
     cuda.syncthreads()
     ints = q.decide_ints
     for k in range(answer[1]):
@@ -583,9 +627,10 @@ def rotasched_step(q, state, block_size):
         if moving[0] >= 0:
             rotate(moving[0], q, state, True, block_size)
         cuda.syncthreads()
+    count_lane_groups(q.lanes, sizes)  # the rotate-outs done: sizes[0], the seats taken
     for k in range(answer[0]):
         if tid == 0:
-            moving[0] = policy_admit(ints[D_LANE, ints[D_ADMIT, k]], q, now_ns)
+            moving[0] = policy_admit(ints[D_LANE, ints[D_ADMIT, k]], q, now[0], sizes)
         cuda.syncthreads()
         if moving[0] == NO_ROOM:
             break
@@ -901,12 +946,9 @@ def copy_mirror(q, thread, n_threads):
     host arena; called by threads with nothing else to do (the inline kernel's blocks other
     than 0 while block 0 publishes, the graph dispatcher's threads other than the launcher's
     while the forward graph runs)."""
-    words = q.kv_blocks.shape[1]
-    n = q.sched[S_MIRROR_COUNT]
-    for i in range(thread, n * words, n_threads):
-        k = i // words
-        w = i % words
-        q.host_kv[q.mirror_pairs[1, k], w] = q.kv_blocks[q.mirror_pairs[0, k], w]
+    for k in range(q.sched[S_MIRROR_COUNT]):
+        copy_block(q.kv_blocks, q.mirror_pairs[0, k], q.host_kv, q.mirror_pairs[1, k], thread,
+                   n_threads)
     cuda.threadfence_system()
 
 

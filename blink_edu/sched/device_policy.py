@@ -14,7 +14,9 @@ Then nobody on the host is left to call ``policy.decide`` every iteration: the k
 by itself. This module is that decision: the rules of ``policies.py``, rule for rule (each device
 function names its host twin), written as Numba CUDA device functions over arrays. One thread
 decides: N is at most a few hundred requests, and every rule but LVF's ranking is one pass over
-them (the ranking's cost is discussed at ``_rank_by_vlt``).
+them. The ranking is the block's work: ``rank_by_vlt``, called by every thread of the block
+before thread 0 calls ``decide_step`` (on one thread, an insertion sort of a few hundred VLTs
+took milliseconds a decision on an H100: each comparison two dependent loads).
 
 The persistent kernel that will call ``decide_step`` lives elsewhere; here ``decide_on_device``
 and ``hold_on_device`` pack a ``StepView`` into arrays, launch a one-thread kernel and turn the
@@ -49,6 +51,9 @@ cuda = get_backend().cuda
 
 # What ``decide_step`` decides: one of the four policies, or a step between two decisions.
 POLICY_FCFS, POLICY_WAITING_FIRST, POLICY_SWAPPED_FIRST, POLICY_LVF, HOLD = 0, 1, 2, 3, 4
+#: threads of the block ``decide_on_device`` launches: the ranking split over a few, as over a
+#: persistent kernel's block (more would only slow Numba's simulator, a Python thread each)
+RANKING_THREADS = 4
 POLICY_CODES = {"fcfs": POLICY_FCFS, "waiting-first": POLICY_WAITING_FIRST,
                 "swapped-first": POLICY_SWAPPED_FIRST, "lvf": POLICY_LVF}
 
@@ -185,14 +190,29 @@ def _everyone_fits(state, blocks_to_run, free_blocks, max_num_seqs):
 
 
 @cuda.jit(device=True)
-def _fill_vlt(state, t_arr, t_run, t_last, now, alpha, beta_f, ttft_slo_s, beta_b, tbt_slo_s,
-              vlt):
-    """vlt[i] = VLT of request i at ``now`` (vlt.py's ``vlt_of``); a request with no token yet
-    lags from its arrival (host: ``view_vlt``)."""
-    for i in range(state.shape[0]):
+def rank_by_vlt(state, t_arr, t_run, t_last, now, alpha, beta_f, ttft_slo_s, beta_b, tbt_slo_s,
+                vlt, order):
+    """LVF's ranking, by every thread of a block (each takes every blockDim-th request): vlt[i] =
+    VLT of request i at ``now`` (vlt.py's ``vlt_of``; a request with no token yet lags from its
+    arrival, host: ``view_vlt``), then ``order`` = the request indices by descending VLT, ties
+    in FCFS order -- exactly ``np.argsort(-vlt, kind="stable")``. A request's place is how many
+    rank before it: a larger VLT, or an equal one earlier in FCFS order (NaN, a running request
+    with no run start, last). O(N) per request, every request at once: for N = 256, a thread
+    of 128 places two requests with 256 comparisons each, where one thread's insertion sort
+    made some 16,000."""
+    n, stride = state.shape[0], cuda.blockDim.x
+    for i in range(cuda.threadIdx.x, n, stride):
         last = t_arr[i] if math.isnan(t_last[i]) else t_last[i]
         vlt[i] = vlt_of(state[i], now, t_arr[i], t_run[i], last,
                         alpha, beta_f, ttft_slo_s, beta_b, tbt_slo_s)
+    cuda.syncthreads()
+    for i in range(cuda.threadIdx.x, n, stride):
+        place = 0
+        for j in range(n):
+            if _ranks_before(vlt[j], vlt[i]) or (j < i and not _ranks_before(vlt[i], vlt[j])):
+                place += 1
+        order[place] = i
+    cuda.syncthreads()
 
 
 @cuda.jit(device=True)
@@ -202,31 +222,6 @@ def _ranks_before(a, b):
     if math.isnan(b):
         return not math.isnan(a)
     return a > b
-
-
-@cuda.jit(device=True)
-def _rank_by_vlt(vlt, order):
-    """order = the request indices by descending VLT, ties in FCFS order: exactly
-    ``np.argsort(-vlt, kind="stable")``.
-
-    Insertion sort: each request moves left past those that rank strictly after it, never past
-    an equal one, which is what keeps it stable, and the code stays short enough to check by eye.
-    It costs O(N^2) comparisons in the worst case, N^2 / 2: some 5,000 for N = 100, 45,000 for
-    N = 300, each two dependent loads on one thread. That is fine for the tens of requests a step
-    usually ranks; at a few hundred it is an estimated (not measured) fraction of a millisecond
-    to a millisecond, a sizeable share of a step. The parallel form, when that matters: a block
-    of N threads, each counting the requests that rank before its own (a larger VLT, or an equal
-    one earlier in FCFS order) -- that count is its place, O(N) per thread."""
-    n = vlt.shape[0]
-    for k in range(n):
-        order[k] = k
-    for k in range(1, n):
-        i = order[k]
-        j = k - 1
-        while j >= 0 and _ranks_before(vlt[i], vlt[order[j]]):
-            order[j + 1] = order[j]
-            j -= 1
-        order[j + 1] = i
 
 
 @cuda.jit(device=True)
@@ -301,16 +296,12 @@ def _lvf_ranked(state, blocks_held, blocks_to_run, free_blocks, max_num_seqs,
 
 
 @cuda.jit(device=True)
-def _lvf(state, t_arr, t_run, t_last, blocks_held, blocks_to_run, now, free_blocks,
-         max_num_seqs, alpha, beta_f, ttft_slo_s, beta_b, tbt_slo_s, transfer_budget_blocks,
-         vlt, order, admit, preempt):
-    """Largest-VLT-First (SuperInfer §3): plain FCFS when everyone fits, else rank by VLT.
-    Returns (num_admitted, num_preempted, fcfs_fallback)."""
+def _lvf(state, blocks_to_run, blocks_held, free_blocks, max_num_seqs, transfer_budget_blocks,
+         order, admit, preempt):
+    """Largest-VLT-First (SuperInfer §3): plain FCFS when everyone fits, else by the VLT ranking
+    in ``order`` (``rank_by_vlt``). Returns (num_admitted, num_preempted, fcfs_fallback)."""
     if _everyone_fits(state, blocks_to_run, free_blocks, max_num_seqs):
         return _list_candidates(state, admit), 0, True
-    _fill_vlt(state, t_arr, t_run, t_last, now, alpha, beta_f, ttft_slo_s, beta_b, tbt_slo_s,
-              vlt)
-    _rank_by_vlt(vlt, order)
     num_admitted, num_preempted = _lvf_ranked(state, blocks_held, blocks_to_run, free_blocks,
                                               max_num_seqs, transfer_budget_blocks, order, admit,
                                               preempt)
@@ -325,8 +316,10 @@ def decide_step(policy, state, t_arr, t_run, t_last, blocks_held, blocks_to_run,
                 now, free_blocks, max_num_seqs, alpha, beta_f, ttft_slo_s, beta_b, tbt_slo_s,
                 transfer_budget_blocks, vlt, order, admit, preempt):
     """One step's decision by ``policy`` (a POLICY_* code, or HOLD: the batch stands, nobody is
-    admitted, the newest are preempted only if the others cannot grow; host: ``Policy.hold``).
-    Arrays as in the module docstring. Writes ``admit[:num_admitted]`` and
+    admitted, the newest are preempted only if the others cannot grow; host: ``Policy.hold``),
+    by one thread. Arrays as in the module docstring; for LVF the block has ranked the requests
+    already (``rank_by_vlt``: ``vlt`` and ``order``; the times, ``now`` and RotaSched's
+    parameters are what it ranked by). Writes ``admit[:num_admitted]`` and
     ``preempt[:num_preempted]`` (request indices, in order); returns (num_admitted,
     num_preempted, fcfs_fallback)."""
     if policy == HOLD:
@@ -334,9 +327,8 @@ def decide_step(policy, state, t_arr, t_run, t_last, blocks_held, blocks_to_run,
                                                          free_blocks, preempt)
         return 0, num_preempted, False
     if policy == POLICY_LVF:
-        return _lvf(state, t_arr, t_run, t_last, blocks_held, blocks_to_run, now, free_blocks,
-                    max_num_seqs, alpha, beta_f, ttft_slo_s, beta_b, tbt_slo_s,
-                    transfer_budget_blocks, vlt, order, admit, preempt)
+        return _lvf(state, blocks_to_run, blocks_held, free_blocks, max_num_seqs,
+                    transfer_budget_blocks, order, admit, preempt)
     num_admitted, num_preempted = _preempt_or_admit_in_order(
         policy, state, blocks_held, blocks_to_run, blocks_on_host, free_blocks, max_num_seqs,
         transfer_budget_blocks, order, admit, preempt)
@@ -347,9 +339,12 @@ def decide_step(policy, state, t_arr, t_run, t_last, blocks_held, blocks_to_run,
 def decide_kernel(policy, state, t_arr, t_run, t_last, blocks_held, blocks_to_run,
                   blocks_on_host, now, free_blocks, max_num_seqs, alpha, beta_f, ttft_slo_s,
                   beta_b, tbt_slo_s, transfer_budget_blocks, vlt, order, admit, preempt, counts):
-    """Thread 0 calls ``decide_step``; counts (3,) int32 = num_admitted, num_preempted,
-    fcfs_fallback (0 or 1)."""
-    if cuda.grid(1) == 0:
+    """One block: LVF's ranking by every thread (``rank_by_vlt``), then thread 0 calls
+    ``decide_step``; counts (3,) int32 = num_admitted, num_preempted, fcfs_fallback (0 or 1)."""
+    if policy == POLICY_LVF:
+        rank_by_vlt(state, t_arr, t_run, t_last, now, alpha, beta_f, ttft_slo_s, beta_b,
+                    tbt_slo_s, vlt, order)
+    if cuda.threadIdx.x == 0:
         num_admitted, num_preempted, fcfs_fallback = decide_step(
             policy, state, t_arr, t_run, t_last, blocks_held, blocks_to_run, blocks_on_host,
             now, free_blocks, max_num_seqs, alpha, beta_f, ttft_slo_s, beta_b, tbt_slo_s,
@@ -387,7 +382,7 @@ def pack_view(view: StepView) -> StepArrays:
 
 
 def _decide_indices(code: int, view: StepView, config: RotaSchedConfig):
-    """Launch ``decide_kernel`` (one thread) on ``view``; returns (admitted indices, preempted
+    """Launch ``decide_kernel`` (one block) on ``view``; returns (admitted indices, preempted
     indices, fcfs_fallback, the vlt scratch (N,) float64)."""
     arrays = pack_view(view)
     n = len(view.requests)
@@ -396,7 +391,7 @@ def _decide_indices(code: int, view: StepView, config: RotaSchedConfig):
     admit = np.zeros(n, dtype=np.int32)  # (N,) out
     preempt = np.zeros(n, dtype=np.int32)  # (N,) out
     counts = np.zeros(3, dtype=np.int32)  # (3,) out: num_admitted, num_preempted, fallback
-    decide_kernel[1, 1](
+    decide_kernel[1, RANKING_THREADS](
         code, *arrays, float(view.now), int(view.free_blocks), int(view.max_num_seqs),
         float(config.alpha), float(config.beta_f), float(config.ttft_slo_s),
         float(config.beta_b), float(config.tbt_slo_s), int(config.transfer_budget_blocks),

@@ -30,12 +30,13 @@ GROUPS = (RUNNING, WAITING, ROTARY)  # lane_group's 0, 1, 2
 
 @cuda.jit
 def describe_and_decide_kernel(q, block_size, now_ns, answer):
-    """describe_lanes, then thread 0 decides; answer (3,): admitted, preempted, requests."""
+    """describe_lanes, then the block decides (LVF's ranking by every thread, the rest by
+    thread 0); answer (3,): admitted, preempted, requests."""
     sizes = cuda.shared.array(4, int32)
     pk.describe_lanes(q, block_size, sizes)
     if cuda.threadIdx.x == 0:
         answer[2] = sizes[3]
-        pk.decide(q, sizes[3], now_ns, answer)
+    pk.decide(q, sizes[3], now_ns, answer)
 
 
 @st.composite
