@@ -4,7 +4,7 @@
 # KV transfer benchmarks; "decode" the decode benchmark beside its peers; "serving" the server's
 # load test and the real-engine SLO run.
 # Logs and results land in $OUT (results via BLINK_EDU_RESULTS_DIR). On the device machine, with
-# the commit written out (the device's copy of the tree has no git history of its own to ask):
+# the commit written out (the device's copy of the tree may carry a stale .git: never ask git there):
 #   bash tools/gpu_session.sh tests
 #   BLINK_EDU_COMMIT=<sha> bash tools/gpu_session.sh kernels
 #   BLINK_EDU_COMMIT=<sha> bash tools/gpu_session.sh decode
