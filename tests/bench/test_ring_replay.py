@@ -1,7 +1,8 @@
 """bench.ring_replay: a seeded workload replayed through the ring to the persistent kernel (in
 Numba's simulator: one block, a tiny model) is measured like a replay on the host engine --
 every request's tokens timed, counted and scored -- and a ring too small for the workload pushes
-back instead of dropping a request."""
+back instead of dropping a request; one look at the ring (``poll_ring``) times, closes and
+reports what the engine published; bench.slo_ring's summary and bench.hog's pinned threads."""
 
 from __future__ import annotations
 
@@ -9,12 +10,14 @@ import numpy as np
 import pytest
 
 from blink_edu.bench.hog import Cores, run_on
-from blink_edu.bench.ring_replay import ring_replay
+from blink_edu.bench.replay import MeasuredRequest
+from blink_edu.bench.ring_replay import poll_ring, ring_replay
 from blink_edu.bench.slo_ring import summary
-from blink_edu.config import EngineConfig
+from blink_edu.config import EngineConfig, SamplingParams
 from blink_edu.executors.persistent import PersistentExecutor
 from blink_edu.model.micro import micro_weights
-from blink_edu.ring import EMPTY, Ring, RingLayout
+from blink_edu.ring import (DECODE_COMPLETED, DECODE_PROCESSING, EMPTY, FINISH_CODES,
+                            PREFILL_PENDING, PREFILL_PROCESSING, Ring, RingClient, RingLayout)
 from blink_edu.sim.metrics import score
 from blink_edu.sim.workload import RequestSpec
 
@@ -80,3 +83,36 @@ def test_the_summary_reads_gaps_losses_and_host_shares_at_the_last_rate():
     assert got["host_cpu_us_per_token_graph"] == 40 and got["host_cpu_us_per_token_persistent"] == 2
     assert "graph_lvf_minus_fcfs_ttft_pts" not in got  # the host engine's: real_lvf_minus_fcfs_*
     assert np.isfinite(list(v for k, v in got.items() if not k.endswith("by_rate"))).all()
+
+
+def test_one_look_at_the_ring_times_new_tokens_and_closes_finished_requests():
+    """``poll_ring`` with the engine's part played by hand: a slot that published two tokens has
+    them timed; a slot completed with "length" is closed and released; one completed with
+    "error" is reported, not scored as finished."""
+    layout = RingLayout(num_slots=4, max_prompt_tokens=4, max_output_tokens=4)
+    ring = Ring(bytearray(layout.nbytes), layout)
+    client = RingClient(ring)
+    params = SamplingParams(temperature=0, max_tokens=3, ignore_eos=True)
+    slots = [client.submit([5, 6], params, request_id=i) for i in range(3)]
+    active = {s: MeasuredRequest(RequestSpec(i, 0.0, 2, 3)) for i, s in enumerate(slots)}
+    seen = np.zeros(layout.num_slots, np.int64)
+    for slot, (generated, moves, reason) in zip(slots, [
+            (2, (PREFILL_PROCESSING, DECODE_PROCESSING), None),
+            (3, (PREFILL_PROCESSING, DECODE_PROCESSING, DECODE_COMPLETED), "length"),
+            (0, (PREFILL_PROCESSING, DECODE_COMPLETED), "error")]):
+        for before, after in zip((PREFILL_PENDING,) + moves, moves):  # the engine's moves
+            ring.advance(slot, before, after)
+        ring.generated[slot] = generated
+        if reason:
+            ring.finish_reason[slot] = FINISH_CODES[reason]
+    running, done, failed_request = (active[s] for s in slots)
+    failed = []
+    poll_ring(ring, client, active, seen, 0.5, failed)
+    assert running.token_times == [0.5, 0.5] and running.finish_time is None
+    assert done.token_times == [0.5] * 3 and done.finish_time == 0.5
+    assert failed == [(2, "error")] and failed_request.finish_time is None
+    assert set(active) == {slots[0]} and seen[slots[0]] == 2
+    assert (ring.state[slots[1:]] == EMPTY).all()  # released
+    ring.generated[slots[0]] = 3
+    poll_ring(ring, client, active, seen, 0.75, failed)
+    assert running.token_times == [0.5, 0.5, 0.75] and running.first_token_time == 0.5
