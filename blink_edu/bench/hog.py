@@ -55,7 +55,7 @@ class Cores:
     def of_this_process(cls) -> Cores:
         cpus = sorted(os.sched_getaffinity(0))
         if len(cpus) < 2:
-            raise RuntimeError("a CPU hog beside a frontend needs at least two cores")
+            raise ValueError("a CPU hog beside a frontend needs at least two cores")
         return cls(cpus[0], tuple(cpus[1:]))
 
 

@@ -145,6 +145,7 @@ class RealRunConfig:
         host = [name for name in names if name not in PERSISTENT_EXECUTORS]
         if len(host) > 1:
             raise ValueError(f"--executor {','.join(names)}: one host-driven executor at most")
+        slo_ring.host_cores(bool(given.get("hog")))  # --hog on one core: refused now, not later
         if ring:
             from ..backend import get_backend
 

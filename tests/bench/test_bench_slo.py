@@ -148,3 +148,12 @@ def test_the_plan_measures_where_the_target_has_the_widest_margin_or_the_nearest
     assert nearest_to_target(missed) == missed[2]  # margins -21, -25, -18
     tie = [p(8, 4, 35, 0), p(8, 2, 35, 0)]
     assert nearest_to_target(tie)["interval"] == 2
+
+
+def test_a_hog_on_a_one_core_machine_is_refused_before_any_work(capsys, monkeypatch):
+    from blink_edu.bench import hog
+
+    monkeypatch.setattr(hog.os, "sched_getaffinity", lambda pid: {0})
+    with pytest.raises(SystemExit):
+        slo.main(["--real", "--hog"])
+    assert "at least two cores" in capsys.readouterr().err
