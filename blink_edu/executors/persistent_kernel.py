@@ -166,7 +166,9 @@ class SchedulerState(NamedTuple):
 # for a policy to admit it, or rotated out); L_ARRIVAL_NS, L_RUN_NS, L_LAST_NS: when it arrived,
 # was admitted to the batch and published its last token (host clock, -1: not yet), for VLT.
 # L_SYNCED: how many of its first blocks have a current copy in the host arena (DuplexKV's
-# Synced blocks: full ones, copied eagerly; a rotated-out lane's are all there).
+# Synced blocks: full ones, copied eagerly; a rotated-out lane's are all there). Mostly its host
+# blocks, but not while a rotate-out is under way: its host blocks then include those reserved
+# for the dirty tail, which ``rotate`` copies from L_SYNCED on.
 (L_SLOT, L_CACHED, L_LEN, L_PROMPT, L_ORDER, L_GEN, L_SCHED, L_SAMPLE_ROW, L_SEED, L_START,
  L_LAST_TOKEN, L_MAX_TOKENS, L_IGNORE_EOS, L_TOP_K, L_RING_PROMPT, L_ROTATED, L_RUNNING,
  L_ARRIVAL_NS, L_RUN_NS, L_LAST_NS, L_SYNCED) = range(21)
